@@ -1,0 +1,13 @@
+"""cbgym: a trace-driven LLM-serving scheduler simulator and Gymnasium environment."""
+
+from cbgym.engine import Decision, DecisionPoint, EngineConfig, LinearCostModel, Policy
+from cbgym.metrics import SLO, SimulationResult
+from cbgym.simulate import simulate
+from cbgym.workload.trace import Trace
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "SLO", "Decision", "DecisionPoint", "EngineConfig", "LinearCostModel", "Policy",
+    "SimulationResult", "Trace", "simulate", "__version__",
+]

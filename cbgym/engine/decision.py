@@ -1,0 +1,132 @@
+"""The one door between the engine and whoever decides: DecisionPoint in, Decision out.
+
+The engine stops at a :class:`DecisionPoint` whenever an iteration has something to decide
+(requests are waiting, or serving the running batch would run out of KV blocks). The
+policy answers with a :class:`Decision`. Baseline agents, learned agents and the Gymnasium
+environment all go through this exchange; the engine never knows who is deciding.
+
+Everything a DecisionPoint exposes is content-blind: token counts, timing, KV state. True
+output lengths are never in it; oracle policies get them once, through
+``PolicyContext.true_output_tokens``, which the engine fills only for policies that declare
+``privileged = True``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar, Literal
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from cbgym.engine.config import EngineConfig
+
+
+@dataclass(frozen=True, slots=True)
+class DecisionPoint:
+    """The engine's state before an iteration's scheduling decisions.
+
+    Per-request columns are read-only views indexed by request id (0..n-1, in trace order);
+    ``waiting`` and ``running`` say which ids are where, in queue order.
+    """
+
+    # simulated time (s) at which the iteration starts
+    now: float
+    # index of the iteration about to run
+    iteration: int
+    # waiting ids in queue order (re-queued preempted requests first, then by arrival)
+    waiting: np.ndarray
+    # running ids in admission order (vLLM's running list)
+    running: np.ndarray
+    # KV blocks missing to serve every running request this iteration (0 = no shortfall)
+    shortfall_blocks: int
+    free_blocks: int
+    num_blocks: int
+    # columns, indexed by request id (read-only)
+    arrival_s: np.ndarray
+    prompt_tokens: np.ndarray
+    num_computed: np.ndarray
+    num_generated: np.ndarray
+    num_preemptions: np.ndarray
+    tenant: np.ndarray
+    slo_class: np.ndarray
+    # ids of finished requests in completion order, and their (now known) output lengths
+    finished: np.ndarray
+    # duration of the previous iteration (s)
+    last_iteration_s: float
+    # total preemptions so far
+    total_preemptions: int
+    config: EngineConfig
+
+    @property
+    def kv_usage(self) -> float:
+        """Fraction of KV blocks in use (``vllm:kv_cache_usage_perc``)."""
+        return 1.0 - self.free_blocks / self.num_blocks
+
+    def waited_s(self, ids: np.ndarray) -> np.ndarray:
+        """Seconds each request has spent since arrival."""
+        return self.now - self.arrival_s[ids]
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """What a policy decides for one iteration. Every field is optional.
+
+    Attributes:
+        order: waiting ids in the order to try admitting them. Waiting requests left out are
+            held back this iteration. None keeps the queue order (FCFS).
+        priority: alternative to ``order``: one key per ``DecisionPoint.waiting`` entry, lower
+            admitted first (ties keep queue order). Ignored if ``order`` is given.
+        shed: waiting ids to drop now; they end with status ``shed`` and ``shed_reason``.
+        shed_reason: the reason recorded for ``shed``.
+        victims: running ids in the order to preempt them when KV blocks run out (first
+            preempted first). Running requests not listed follow in vLLM's default order (the
+            most recently admitted first). None = vLLM's default.
+        preempt: running ids to evict voluntarily before the iteration (e.g. SRPT).
+    """
+
+    order: np.ndarray | Sequence[int] | None = None
+    priority: np.ndarray | None = None
+    shed: Sequence[int] = ()
+    shed_reason: str = "shed_by_policy"
+    victims: np.ndarray | Sequence[int] | None = None
+    preempt: Sequence[int] = ()
+
+
+FCFS_DECISION = Decision()
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyContext:
+    """What a policy learns once, when a simulation starts."""
+
+    config: EngineConfig
+    num_requests: int
+    seed: int
+    # true output lengths, filled only for policies with ``privileged = True`` (oracles)
+    true_output_tokens: np.ndarray | None = None
+
+
+class Policy:
+    """Base class of scheduling policies: ``decide(DecisionPoint) -> Decision``.
+
+    ``consult`` tells the engine when to ask:
+      * ``"on_change"``: only when the waiting set changed (arrivals, re-queued or admitted
+        requests) or memory runs short; in between, the engine keeps applying the last
+        decision's order and holds (right for any policy whose ranking does not drift with
+        time alone, e.g. fixed keys or linear aging). This lets the engine advance blocked
+        stretches in one computation.
+      * ``"every_iteration"``: at every iteration with something to decide.
+    """
+
+    name: ClassVar[str] = "policy"
+    privileged: ClassVar[bool] = False
+    consult: ClassVar[Literal["on_change", "every_iteration"]] = "on_change"
+
+    def reset(self, ctx: PolicyContext) -> None:
+        """Called once before a simulation; keep ``ctx`` if needed."""
+        self.ctx = ctx
+
+    def decide(self, dp: DecisionPoint) -> Decision:
+        raise NotImplementedError

@@ -1,0 +1,590 @@
+"""One simulated serving instance, advanced one iteration at a time (vLLM v1 semantics).
+
+NOTE on the scheduling algorithm (after vLLM v1): there is no prefill phase and no decode
+phase. Every request has ``computed`` tokens catching up with its tokens (prompt + generated
+output); an iteration hands out a token budget, running requests first, then waiting ones.
+A decode is a request one token behind; a long prompt is caught up in chunks. A request samples
+a token when it has caught up, so its first token comes with its last prompt chunk.
+
+The engine talks to whoever decides through one door: :meth:`Engine.next_decision` advances
+time through iterations with nothing to decide and returns a :class:`DecisionPoint` (or None
+when the workload has drained); :meth:`Engine.decide` applies a :class:`Decision` to that
+iteration and runs it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from cbgym.engine.config import EngineConfig
+from cbgym.engine.cost_model import BatchStats
+from cbgym.engine.decision import FCFS_DECISION, Decision, DecisionPoint
+from cbgym.engine.kv_cache import BlockManager, cdiv
+from cbgym.engine.recorder import Recorder
+from cbgym.engine.requests import RequestTable, Status
+from cbgym.workload.trace import Trace
+
+_GIB = 1 << 30
+# With nothing running and every waiting request held back, time moves by this much per tick.
+IDLE_TICK_S = 0.01
+MAX_IDLE_TICKS = 1_000_000
+
+
+class InvalidDecisionError(ValueError):
+    """A Decision names a request that is not where the decision says it is."""
+
+
+@dataclass(slots=True)
+class _RunningPlan:
+    """What serving the running batch would take this iteration (vLLM's running loop)."""
+
+    ids: np.ndarray  # running ids, in order
+    computed: np.ndarray  # tokens computed before the iteration
+    tokens: np.ndarray  # tokens each should catch up with this iteration (the budget allows)
+    need: np.ndarray  # new KV blocks each needs for that
+    shortfall: int  # blocks missing overall (0: everyone fits)
+
+
+class Engine:
+    """A serving instance replaying ``trace`` under ``config``.
+
+    Args:
+        trace: the requests, in arrival order.
+        config: static engine configuration.
+        consult: ``"on_change"`` (ask for a decision only when the waiting set changed or
+            memory runs short) or ``"every_iteration"``; see :class:`cbgym.engine.Policy`.
+        record_iterations: keep the per-iteration batch log (ids and tokens per iteration).
+    """
+
+    def __init__(
+        self,
+        trace: Trace,
+        config: EngineConfig,
+        consult: str = "on_change",
+        record_iterations: bool = False,
+    ) -> None:
+        assert config.block_size is not None and config.num_kv_blocks is not None
+        self.config = config
+        self.req = RequestTable(trace)
+        self.kv = BlockManager(config.num_kv_blocks, config.block_size, len(trace))
+        self.cost = config.cost_model
+        self.recorder = Recorder(record_iterations)
+        self.consult_every_iteration = consult == "every_iteration"
+        self.paper = config.paper_mode
+        self.budget = np.iinfo(np.int64).max if self.paper else config.max_num_batched_tokens
+        kvb = config.kv_bytes_per_token or 0
+        self.kv_bytes_per_token = kvb
+        self.host_free_tokens = int(config.swap_space_gib * _GIB // kvb) if kvb else 0
+        self.now = 0.0
+        self.iteration = 0
+        self.last_iteration_s = 0.0
+        self.total_preemptions = 0
+        self.running: list[int] = []
+        self.waiting: list[int] = []
+        self._next_arrival = 0
+        self._changed = True  # the waiting set changed since the policy last decided
+        self._standing: Decision = FCFS_DECISION  # last decision, re-applied until a change
+        self._pending: DecisionPoint | None = None
+        self._plan: _RunningPlan | None = None
+        self._idle_ticks = 0
+        self._swap_bytes = 0
+        self._preempted_now = 0
+
+    # ------------------------------------------------------------------ the door
+    def next_decision(self) -> DecisionPoint | None:
+        """Advance to the next iteration that needs a decision; None once all requests ended."""
+        if self._pending is not None:
+            return self._pending
+        while True:
+            self._admit_arrivals()
+            if not self.running and not self.waiting:
+                if self._next_arrival >= self.req.n:
+                    return None
+                self.now = max(self.now, float(self.req.arrival_s[self._next_arrival]))
+                continue
+            plan = self._running_plan()
+            asks = self.waiting and (self.consult_every_iteration or self._changed)
+            if plan.shortfall > 0 or asks:
+                self._pending = self._decision_point(plan)
+                return self._pending
+            if not self._fast_forward(plan):
+                self._iterate(self._standing, plan)
+
+    def decide(self, decision: Decision) -> None:
+        """Apply ``decision`` to the pending iteration and run it."""
+        if self._pending is None:
+            raise RuntimeError("Engine.decide() called with no pending decision point; "
+                               "call next_decision() first")
+        self._pending = None
+        self._validate(decision)
+        for rid in decision.shed:
+            self._shed(int(rid), decision.shed_reason)
+        if decision.priority is not None and decision.order is None:
+            self._standing = self._order_by_priority(decision)
+        else:
+            self._standing = decision
+        self._changed = False
+        plan = self._plan if not decision.shed else None
+        self._iterate(self._standing, plan)
+
+    @property
+    def done(self) -> bool:
+        return self.req.num_ended == self.req.n
+
+    # ------------------------------------------------------------------ arrivals
+    def _admit_arrivals(self) -> None:
+        """Move every request that has arrived by ``now`` into the waiting queue."""
+        req, n = self.req, self.req.n
+        i = self._next_arrival
+        if i >= n or req.arrival_s[i] > self.now:
+            return
+        j = int(np.searchsorted(req.arrival_s, self.now, side="right"))
+        for rid in range(i, j):
+            reason = self._never_fits(rid)
+            if reason:
+                req.end(rid, Status.SHED, float(req.arrival_s[rid]), reason)
+            else:
+                req.status[rid] = Status.WAITING
+                self.waiting.append(rid)
+                self._changed = True
+        self._next_arrival = j
+
+    def _never_fits(self, rid: int) -> str | None:
+        req, cfg = self.req, self.config
+        if self.paper:
+            if self.kv.blocks_for(int(req.prompt[rid] + req.output[rid])) > self.kv.num_blocks:
+                return "kv_reservation_exceeds_capacity"
+            return None
+        if cfg.max_model_len is not None and req.prompt[rid] >= cfg.max_model_len:
+            return "prompt_exceeds_max_model_len"
+        if self.kv.blocks_for(int(req.prompt[rid])) > self.kv.num_blocks:
+            return "prompt_exceeds_kv_capacity"
+        return None
+
+    # ------------------------------------------------------------------ decision points
+    def _running_plan(self) -> _RunningPlan:
+        """vLLM's running loop, vectorised: tokens per request under the budget, blocks needed."""
+        if self._plan is not None:
+            return self._plan
+        req = self.req
+        ids = np.fromiter(self.running, np.int64, len(self.running))
+        computed = req.computed[ids]
+        remaining = req.prompt[ids] + req.generated[ids] - computed
+        if self.paper:  # the study's decode step serves every running request, KV reserved
+            tokens, need = remaining, np.zeros_like(remaining)
+        else:
+            before = np.cumsum(remaining) - remaining
+            tokens = np.minimum(remaining, np.maximum(self.budget - before, 0))
+            need = np.maximum(-(-(computed + tokens) // self.kv.block_size) - self.kv.held[ids], 0)
+        shortfall = max(int(need.sum()) - self.kv.free, 0)
+        self._plan = _RunningPlan(ids, computed, tokens, need, shortfall)
+        return self._plan
+
+    def _decision_point(self, plan: _RunningPlan) -> DecisionPoint:
+        req, ro = self.req, self.req.readonly
+        return DecisionPoint(
+            now=self.now,
+            iteration=self.iteration,
+            waiting=np.fromiter(self.waiting, np.int64, len(self.waiting)),
+            running=plan.ids.copy(),
+            shortfall_blocks=plan.shortfall,
+            free_blocks=self.kv.free,
+            num_blocks=self.kv.num_blocks,
+            arrival_s=ro(req.arrival_s),
+            prompt_tokens=ro(req.prompt),
+            num_computed=ro(req.computed),
+            num_generated=ro(req.generated),
+            num_preemptions=ro(req.preemptions),
+            tenant=ro(req.tenant),
+            slo_class=ro(req.slo_class),
+            finished=ro(req.finish_order[: req.num_finished]),
+            last_iteration_s=self.last_iteration_s,
+            total_preemptions=self.total_preemptions,
+            config=self.config,
+        )
+
+    def _validate(self, d: Decision) -> None:
+        status = self.req.status
+
+        def check(name: str, ids: object, where: Status) -> None:
+            arr = np.asarray(ids, dtype=np.int64).reshape(-1) if ids is not None else None
+            if arr is None or arr.size == 0:
+                return
+            if arr.min() < 0 or arr.max() >= self.req.n:
+                raise InvalidDecisionError(f"Decision.{name}: ids must be in [0, {self.req.n})")
+            wrong = arr[status[arr] != where]
+            if wrong.size:
+                raise InvalidDecisionError(
+                    f"Decision.{name}: request {wrong[0]} is {Status(status[wrong[0]]).name}, "
+                    f"expected {where.name}")
+            if np.unique(arr).size != arr.size:
+                raise InvalidDecisionError(f"Decision.{name}: ids repeat")
+
+        check("order", d.order, Status.WAITING)
+        check("shed", d.shed, Status.WAITING)
+        check("victims", d.victims, Status.RUNNING)
+        check("preempt", d.preempt, Status.RUNNING)
+        if d.priority is not None and d.order is None:
+            pr = np.asarray(d.priority, dtype=np.float64)
+            if pr.shape != (len(self.waiting),) or not np.all(np.isfinite(pr)):
+                raise InvalidDecisionError(
+                    f"Decision.priority: expected {len(self.waiting)} finite keys (one per "
+                    f"waiting request), got shape {pr.shape}")
+
+    def _order_by_priority(self, d: Decision) -> Decision:
+        waiting = np.fromiter(self.waiting, np.int64, len(self.waiting))
+        order = waiting[np.argsort(np.asarray(d.priority, dtype=np.float64), kind="stable")]
+        return Decision(order=order, victims=d.victims, preempt=d.preempt)
+
+    # ------------------------------------------------------------------ one iteration
+    def _iterate(self, d: Decision, plan: _RunningPlan | None) -> None:
+        """Schedule and run one iteration under decision ``d``."""
+        self._swap_bytes = 0
+        self._preempted_now = 0
+        for rid in d.preempt:
+            self._preempt(int(rid))
+            self.running.remove(int(rid))
+            plan = None
+        if self.paper:
+            ids, tokens = self._schedule_paper(d)
+        else:
+            ids, tokens = self._schedule(d, plan or self._running_plan())
+        self._plan = None
+        self._execute(ids, tokens)
+        if d.preempt:  # a voluntary eviction is consumed; the order stands
+            self._standing = Decision(order=d.order, victims=d.victims)
+
+    def _schedule(self, d: Decision, plan: _RunningPlan) -> tuple[np.ndarray, np.ndarray]:
+        budget = self.budget
+        # First, schedule the RUNNING requests.
+        if plan.shortfall == 0 and not self._any_too_long(plan):
+            scheduled = plan.tokens > 0
+            ids, tokens = plan.ids[scheduled], plan.tokens[scheduled]
+            self.kv.grow_many(ids, plan.computed[scheduled] + tokens)
+            budget -= int(tokens.sum())
+            preempted = False
+        else:
+            ids, tokens, budget, preempted = self._schedule_running_slow(d, budget)
+        # Next, schedule the WAITING requests, unless this iteration had to preempt.
+        if not preempted:
+            new_ids, new_tokens = self._admit(d, budget)
+            if new_ids:
+                ids = np.concatenate([ids, np.asarray(new_ids, np.int64)])
+                tokens = np.concatenate([tokens, np.asarray(new_tokens, np.int64)])
+        assert int(tokens.sum()) <= self.budget and len(self.running) <= self.config.max_num_seqs
+        return ids, tokens
+
+    def _any_too_long(self, plan: _RunningPlan) -> bool:
+        if self.config.max_model_len is None:
+            return False
+        return bool(np.any(plan.computed + plan.tokens > self.config.max_model_len))
+
+    def _schedule_running_slow(
+        self, d: Decision, budget: int
+    ) -> tuple[np.ndarray, np.ndarray, int, bool]:
+        """vLLM's running loop one request at a time, preempting when blocks run out."""
+        req, kv, running = self.req, self.kv, self.running
+        scheduled: dict[int, int] = {}
+        victims = iter(()) if d.victims is None else iter(np.asarray(d.victims).tolist())
+        preempted = False
+        i = 0
+        while i < len(running) and budget > 0:
+            rid = running[i]
+            tokens = min(req.num_tokens(rid) - int(req.computed[rid]), budget)
+            if kv.blocks_for(int(req.computed[rid]) + tokens) > kv.num_blocks:
+                self._shed(rid, "kv_capacity_exceeded")  # could never run, even alone
+                continue
+            while not kv.grow_to(rid, int(req.computed[rid]) + tokens):
+                victim = self._pick_victim(victims)
+                pos = running.index(victim)
+                running.pop(pos)
+                budget += scheduled.pop(victim, 0)  # give back what it was granted
+                self._preempt(victim)
+                preempted = True
+                if pos < i:
+                    i -= 1
+                if victim == rid:
+                    break
+            else:
+                scheduled[rid] = tokens
+                budget -= tokens
+                i += 1
+        ids = np.fromiter(scheduled.keys(), np.int64, len(scheduled))
+        tokens_arr = np.fromiter(scheduled.values(), np.int64, len(scheduled))
+        return ids, tokens_arr, budget, preempted
+
+    def _pick_victim(self, victims: object) -> int:
+        """The policy's next victim still running, else vLLM's default: the last admitted."""
+        for rid in victims:  # type: ignore[attr-defined]
+            if self.req.status[rid] == Status.RUNNING:
+                return int(rid)
+        return self.running[-1]
+
+    def _admission_order(self, d: Decision) -> list[int]:
+        if d.order is None:
+            return self.waiting  # iterated, not mutated, by the callers
+        return [int(r) for r in d.order if self.req.status[r] == Status.WAITING]
+
+    def _admit(self, d: Decision, budget: int) -> tuple[list[int], list[int]]:
+        """Admit waiting requests in the decision's order; stop at the first that does not fit."""
+        req, kv, cfg = self.req, self.kv, self.config
+        new_ids: list[int] = []
+        new_tokens: list[int] = []
+        never: list[int] = []
+        for rid in self._admission_order(d):
+            if len(self.running) >= cfg.max_num_seqs or budget <= 0:
+                break
+            total = req.num_tokens(rid)
+            if kv.blocks_for(total) > kv.num_blocks:
+                never.append(rid)  # prompt + output so far outgrew the whole cache
+                continue
+            computed = int(req.host_tokens[rid])  # swapped-out KV comes back; else recompute
+            new = total - computed
+            if not cfg.chunked_prefill and new > budget:
+                break
+            tokens = min(new, budget)
+            # The whole sequence must fit before a request is admitted (no partial reservation
+            # of a prompt that could then stall), but only the scheduled chunk is allocated.
+            if kv.blocks_for(total) - int(kv.held[rid]) > kv.free:
+                break
+            kv.grow_to(rid, computed + tokens)
+            self._start(rid, computed)
+            new_ids.append(rid)
+            new_tokens.append(tokens)
+            budget -= tokens
+        if new_ids:
+            admitted = set(new_ids)
+            self.waiting = [r for r in self.waiting if r not in admitted]
+            self._changed = True
+        for rid in never:
+            self._shed(rid, "kv_capacity_exceeded")
+        return new_ids, new_tokens
+
+    def _start(self, rid: int, computed: int) -> None:
+        req = self.req
+        if computed:  # swap-in: the KV crosses the host link back
+            self._swap_bytes += computed * self.kv_bytes_per_token
+            self.host_free_tokens += computed
+            req.host_tokens[rid] = 0
+        req.computed[rid] = computed
+        req.status[rid] = Status.RUNNING
+        if np.isnan(req.first_scheduled_s[rid]):
+            req.first_scheduled_s[rid] = self.now
+        self.running.append(rid)
+
+    def _schedule_paper(self, d: Decision) -> tuple[np.ndarray, np.ndarray]:
+        """The CB-SJF-Work study's step: a prefill step for admissions, else a decode step."""
+        req, kv, cfg = self.req, self.kv, self.config
+        admitted: list[int] = []
+        for rid in self._admission_order(d):
+            if len(self.running) >= cfg.max_num_seqs:
+                break
+            # KV for prompt + true output is reserved at admission: a memory oracle for all
+            if not kv.grow_to(rid, int(req.prompt[rid] + req.output[rid])):
+                break
+            self._start(rid, 0)
+            admitted.append(rid)
+        if admitted:
+            ids = np.asarray(admitted, np.int64)
+            self.waiting = self.waiting[len(admitted):] if d.order is None else [
+                r for r in self.waiting if req.status[r] == Status.WAITING]
+            self._changed = True
+            return ids, req.prompt[ids].copy()
+        ids = np.fromiter(self.running, np.int64, len(self.running))
+        return ids, np.ones(len(ids), np.int64)
+
+    # ------------------------------------------------------------------ preemption
+    def _preempt(self, rid: int) -> None:
+        """Evict a running request: swap its KV to host if asked and room, else recompute."""
+        req = self.req
+        computed = int(req.computed[rid])
+        if self.config.preemption == "swap" and 0 < computed <= self.host_free_tokens:
+            req.host_tokens[rid] = computed
+            self.host_free_tokens -= computed
+            self._swap_bytes += computed * self.kv_bytes_per_token
+        req.computed[rid] = 0
+        self.kv.free_request(rid)
+        req.status[rid] = Status.WAITING
+        req.preemptions[rid] += 1
+        self.total_preemptions += 1
+        self._preempted_now += 1
+        self.waiting.insert(0, rid)  # vLLM re-queues a preempted request at the head
+        self._changed = True
+        self.recorder.preempted(self.iteration, rid)
+
+    def _shed(self, rid: int, reason: str) -> None:
+        req = self.req
+        if req.status[rid] == Status.RUNNING:
+            self.running.remove(rid)
+        elif req.status[rid] == Status.WAITING:
+            self.waiting.remove(rid)
+        if req.host_tokens[rid]:
+            self.host_free_tokens += int(req.host_tokens[rid])
+            req.host_tokens[rid] = 0
+        self.kv.free_request(rid)
+        req.end(rid, Status.SHED, self.now, reason)
+        self._changed = True
+
+    # ------------------------------------------------------------------ running the batch
+    def _execute(self, ids: np.ndarray, tokens: np.ndarray) -> None:
+        """Price the iteration, advance the clock, produce tokens, retire finished requests."""
+        req = self.req
+        computed = req.computed[ids]
+        total = req.prompt[ids] + req.generated[ids]
+        decode = (tokens == 1) & (req.generated[ids] > 0) & (computed == total - 1)
+        sampled = computed + tokens == total
+        num_decode = int(decode.sum())
+        stats = BatchStats(
+            num_seqs=len(ids),
+            prefill_tokens=int(tokens.sum()) - num_decode,
+            decode_seqs=num_decode,
+            sampled_seqs=int(sampled.sum()),
+            attn_q_ctx=int((tokens * computed).sum()),
+            attn_q_sq=int((tokens * (tokens + 1) // 2).sum()),
+            kv_tokens=int((computed + tokens).sum()),
+            swap_bytes=self._swap_bytes,
+        )
+        if not len(ids) and not self._swap_bytes and not self._preempted_now:
+            self._idle()
+            return
+        self._idle_ticks = 0
+        dt = float(self.cost.iteration_time(stats))
+        start, self.now = self.now, self.now + dt
+        req.computed[ids] = computed + tokens
+        out = ids[sampled]
+        req.generated[out] += 1
+        first = out[req.generated[out] == 1]
+        req.first_token_s[first] = self.now
+        self._retire(out)
+        self.recorder.batch(self.iteration, ids, tokens)
+        self.recorder.iteration((start, dt, len(self.waiting), len(self.running), self.kv.used,
+                                 int(tokens.sum()), stats.prefill_tokens, num_decode,
+                                 self._preempted_now))
+        self.iteration += 1
+        self.last_iteration_s = dt
+
+    def _idle(self) -> None:
+        """Nothing was scheduled (the policy held every waiting request): let time pass."""
+        self._idle_ticks += 1
+        if self._idle_ticks > MAX_IDLE_TICKS:
+            raise RuntimeError(
+                f"the policy held every waiting request for {MAX_IDLE_TICKS} idle ticks with "
+                "nothing running; it would never drain the workload")
+        nxt = self._next_arrival
+        future = nxt < self.req.n and self.req.arrival_s[nxt] > self.now
+        self.now = float(self.req.arrival_s[nxt]) if future else self.now + IDLE_TICK_S
+
+    def _retire(self, sampled: np.ndarray) -> None:
+        """End requests that produced their last token (or reached max_model_len)."""
+        req = self.req
+        done = sampled[req.generated[sampled] >= req.output[sampled]]
+        capped = np.empty(0, np.int64)
+        if self.config.max_model_len is not None:
+            total = req.prompt[sampled] + req.generated[sampled]
+            capped = sampled[(total >= self.config.max_model_len)
+                             & (req.generated[sampled] < req.output[sampled])]
+        if not done.size and not capped.size:
+            return
+        for rid in done.tolist():
+            req.end(rid, Status.FINISHED, self.now, None)
+            self.kv.free_request(rid)
+        for rid in capped.tolist():
+            req.end(rid, Status.FINISHED, self.now, "max_model_len")
+            self.kv.free_request(rid)
+        ended = set(done.tolist()) | set(capped.tolist())
+        self.running = [r for r in self.running if r not in ended]
+
+    # ------------------------------------------------------------------ fast-forward
+    def _fast_forward(self, plan: _RunningPlan) -> bool:
+        """Run a stretch of decode-only iterations with nothing to decide in one computation.
+
+        Valid while every running request decodes one token, nobody can be admitted (the queue
+        is empty or its head is blocked, which stays true as memory only shrinks), nobody
+        finishes before the stretch's last iteration, no request arrives, and memory lasts.
+        Produces exactly the iterations the one-at-a-time loop would.
+        """
+        req, kv = self.req, self.kv
+        n = len(plan.ids)
+        if n == 0 or not np.all(plan.tokens == 1) or not np.all(req.generated[plan.ids] > 0):
+            return False
+        if self.waiting and not self._head_blocked(plan):
+            return False
+        k_max = int((req.output[plan.ids] - req.generated[plan.ids]).min())
+        if self.config.max_model_len is not None:
+            room = self.config.max_model_len - (req.prompt[plan.ids] + req.generated[plan.ids])
+            k_max = min(k_max, int(room.min()))
+        if k_max < 2:
+            return False
+        steps = np.arange(1, k_max + 1)
+        need = self._stretch_blocks(plan.computed, steps)
+        k_max = int(np.searchsorted(need, kv.free, side="right"))
+        if k_max < 2:
+            return False
+        k = np.arange(k_max)
+        ctx = int(plan.computed.sum())
+        stats = BatchStats(num_seqs=n, prefill_tokens=0, decode_seqs=n, sampled_seqs=n,
+                           attn_q_ctx=ctx + n * k, attn_q_sq=n, kv_tokens=ctx + n * (k + 1))
+        dt = np.broadcast_to(np.asarray(self.cost.iteration_time(stats), np.float64), (k_max,))
+        ends = self.now + np.cumsum(dt)
+        starts = np.concatenate([[self.now], ends[:-1]])
+        if self._next_arrival < req.n:
+            k_max = int(np.searchsorted(starts, req.arrival_s[self._next_arrival], side="left"))
+        if k_max < 2:
+            return False
+        self._apply_stretch(plan, k_max, starts[:k_max], dt[:k_max], need[:k_max])
+        return True
+
+    def _head_blocked(self, plan: _RunningPlan) -> bool:
+        """Whether the standing order's first waiting request cannot be admitted now."""
+        if self.consult_every_iteration or self._changed:
+            return False
+        order = self._admission_order(self._standing)
+        if not order:
+            return True  # everything waiting is held back
+        if len(self.running) >= self.config.max_num_seqs:
+            return True
+        head = order[0]
+        if self.paper:
+            return self.kv.blocks_for(int(self.req.prompt[head] + self.req.output[head])) > \
+                self.kv.free
+        budget = self.budget - len(plan.ids)
+        total = self.req.num_tokens(head)
+        new = total - int(self.req.host_tokens[head])
+        if budget <= 0 or (not self.config.chunked_prefill and new > budget):
+            return True
+        return self.kv.blocks_for(total) > self.kv.free - int(plan.need.sum())
+
+    def _stretch_blocks(self, computed: np.ndarray, steps: np.ndarray) -> np.ndarray:
+        """New blocks the batch needs to hold ``computed + s`` tokens each, for every s."""
+        if self.paper:
+            return np.zeros(len(steps), np.int64)
+        bs = self.kv.block_size
+        slack = (-computed) % bs  # tokens that still fit in each request's last block
+        counts = np.bincount(slack, minlength=bs)
+        r = np.arange(bs)[:, None]
+        per_slack = np.maximum((steps[None, :] - r - 1) // bs + 1, 0)
+        return (counts[:, None] * per_slack).sum(0)
+
+    def _apply_stretch(self, plan: _RunningPlan, k: int, starts: np.ndarray, dt: np.ndarray,
+                       need: np.ndarray) -> None:
+        req, ids = self.req, plan.ids
+        used0 = self.kv.used
+        req.computed[ids] += k
+        req.generated[ids] += k
+        if not self.paper:
+            self.kv.grow_many(ids, req.computed[ids])
+        n = len(ids)
+        cols = np.empty((k, 9))
+        cols[:, 0], cols[:, 1] = starts, dt
+        cols[:, 2], cols[:, 3] = len(self.waiting), n
+        cols[:, 4] = used0 + need
+        cols[:, 5], cols[:, 6], cols[:, 7], cols[:, 8] = n, 0, n, 0
+        self.recorder.stretch(cols)
+        self.recorder.batch_stretch(self.iteration, k, ids)
+        self.iteration += k
+        self.now = float(starts[-1] + dt[-1])
+        self.last_iteration_s = float(dt[-1])
+        self._plan = None
+        self._retire(ids)

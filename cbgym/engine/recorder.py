@@ -1,0 +1,64 @@
+"""Per-iteration time series and the optional batch log, kept as growing numpy chunks."""
+
+from __future__ import annotations
+
+import numpy as np
+
+TIMESERIES_COLUMNS = (
+    "start_s", "duration_s", "num_waiting", "num_running", "kv_blocks_used",
+    "num_tokens", "prefill_tokens", "decode_seqs", "num_preemptions",
+)
+
+
+class Recorder:
+    """Collects one row per iteration; stretches of iterations arrive as whole arrays."""
+
+    def __init__(self, record_batches: bool) -> None:
+        self.record_batches = record_batches
+        self._rows: list[tuple[float, ...]] = []
+        self._chunks: list[np.ndarray] = []
+        # batch log: (iteration, request id, tokens) triples and preemptions
+        self._batch: list[np.ndarray] = []
+        self._preempted: list[tuple[int, int]] = []
+
+    def iteration(self, row: tuple[float, ...]) -> None:
+        self._rows.append(row)
+
+    def stretch(self, columns: np.ndarray) -> None:
+        """A (k, len(TIMESERIES_COLUMNS)) block of k decode-only iterations."""
+        self._flush()
+        self._chunks.append(columns)
+
+    def batch(self, iteration: int, ids: np.ndarray, tokens: np.ndarray) -> None:
+        if self.record_batches:
+            self._batch.append(
+                np.stack([np.full(len(ids), iteration), np.asarray(ids), np.asarray(tokens)], 1)
+            )
+
+    def batch_stretch(self, first_iteration: int, k: int, ids: np.ndarray) -> None:
+        """k iterations in which every id computes one token."""
+        if self.record_batches:
+            its = np.repeat(np.arange(first_iteration, first_iteration + k), len(ids))
+            self._batch.append(np.stack([its, np.tile(ids, k), np.ones(len(its), np.int64)], 1))
+
+    def preempted(self, iteration: int, rid: int) -> None:
+        if self.record_batches:
+            self._preempted.append((iteration, rid))
+
+    def _flush(self) -> None:
+        if self._rows:
+            self._chunks.append(np.asarray(self._rows, dtype=np.float64))
+            self._rows = []
+
+    def timeseries(self) -> np.ndarray:
+        self._flush()
+        if not self._chunks:
+            return np.empty((0, len(TIMESERIES_COLUMNS)))
+        merged = np.concatenate(self._chunks)
+        self._chunks = [merged]
+        return merged
+
+    def batch_log(self) -> tuple[np.ndarray, np.ndarray]:
+        """(iteration, request id, tokens) rows and (iteration, request id) preemptions."""
+        log = np.concatenate(self._batch) if self._batch else np.empty((0, 3), np.int64)
+        return log.astype(np.int64), np.asarray(self._preempted, dtype=np.int64).reshape(-1, 2)

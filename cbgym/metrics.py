@@ -1,0 +1,211 @@
+"""Per-request records, SLOs, summaries: what a simulation produced, as pandas objects.
+
+Names follow vLLM's Prometheus metrics where one exists: ``ttft`` is
+``vllm:time_to_first_token_seconds``, ``tpot`` is ``vllm:request_time_per_output_token_seconds``,
+``e2e`` is ``vllm:e2e_request_latency_seconds``, ``queue`` is ``vllm:request_queue_time_seconds``,
+``kv_cache_usage_perc`` and ``num_preemptions`` are the gauges/counters of the same name.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from cbgym.engine.recorder import TIMESERIES_COLUMNS
+
+QUANTILES = (0.5, 0.9, 0.95, 0.99)
+
+
+@dataclass(frozen=True, slots=True)
+class SLO:
+    """Latency targets a request must meet to count towards goodput (the study's defaults)."""
+
+    ttft_s: float = 2.0
+    tpot_s: float = 0.1
+
+    def __post_init__(self) -> None:
+        if not (self.ttft_s > 0 and self.tpot_s > 0):
+            raise ValueError(f"SLO: ttft_s and tpot_s must be > 0, got {self.ttft_s}, {self.tpot_s}")
+
+
+SLOSpec = SLO | Mapping[int, SLO]
+
+
+def slo_arrays(slo: SLOSpec, slo_class: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per-request TTFT and TPOT targets from one SLO or a mapping SLO class -> SLO."""
+    if isinstance(slo, SLO):
+        return np.full(len(slo_class), slo.ttft_s), np.full(len(slo_class), slo.tpot_s)
+    ttft = np.empty(len(slo_class))
+    tpot = np.empty(len(slo_class))
+    for cls in np.unique(slo_class):
+        if int(cls) not in slo:
+            raise ValueError(f"SLO mapping has no entry for SLO class {int(cls)}")
+        mask = slo_class == cls
+        ttft[mask], tpot[mask] = slo[int(cls)].ttft_s, slo[int(cls)].tpot_s
+    return ttft, tpot
+
+
+def tpot(first_token_s: np.ndarray, finish_s: np.ndarray, output_tokens: np.ndarray) -> np.ndarray:
+    """Time per output token after the first: (finish - first token) / (output - 1); 0 if one."""
+    return np.where(output_tokens > 1,
+                    (finish_s - first_token_s) / np.maximum(output_tokens - 1, 1), 0.0)
+
+
+def meets_slo(requests: pd.DataFrame, slo: SLOSpec) -> np.ndarray:
+    """Whether each request finished within both its TTFT and TPOT targets."""
+    ttft_t, tpot_t = slo_arrays(slo, requests["slo_class"].to_numpy())
+    finished = (requests["status"] == "finished").to_numpy()
+    with np.errstate(invalid="ignore"):
+        ok = (requests["ttft_s"].to_numpy() <= ttft_t) & (requests["tpot_s"].to_numpy() <= tpot_t)
+    return finished & ok
+
+
+def _quantiles(prefix: str, values: np.ndarray, out: dict[str, float]) -> None:
+    values = values[np.isfinite(values)]
+    out[f"{prefix}_mean"] = float(values.mean()) if values.size else float("nan")
+    for q in QUANTILES:
+        key = f"{prefix}_p{round(q * 100)}"
+        out[key] = float(np.quantile(values, q)) if values.size else float("nan")
+
+
+@dataclass
+class SimulationResult:
+    """What ``cbgym.simulate`` returns.
+
+    Attributes:
+        requests: one row per request (arrival_s, prompt_tokens, output_tokens,
+            first_scheduled_s, first_token_s, finish_s, ttft_s, tpot_s, e2e_s, queue_s,
+            preemptions, status ("finished" or "shed"), reason).
+        timeseries: one row per engine iteration (start_s, duration_s, num_waiting,
+            num_running, kv_blocks_used, kv_cache_usage_perc, num_tokens, prefill_tokens,
+            decode_seqs, num_preemptions).
+        iterations: the batch log when run with ``record_iterations=True`` (one row per
+            scheduled request per iteration: iteration, request_id, num_tokens), else None.
+        preemption_log: (iteration, request_id) of each preemption, with the batch log.
+        slo: the SLO used for goodput.
+        meta: run configuration (policy, engine, load, seed, wall time).
+    """
+
+    requests: pd.DataFrame
+    timeseries: pd.DataFrame
+    iterations: pd.DataFrame | None
+    preemption_log: pd.DataFrame | None
+    slo: SLOSpec = field(default_factory=SLO)
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def summary(self, warmup: float = 0.0) -> dict[str, float]:
+        """Latency quantiles, goodput, SLO attainment, throughput and engine counters.
+
+        Args:
+            warmup: fraction of the earliest-arriving requests left out of the latency
+                statistics (the study discards 10%); counters always cover the whole run.
+        """
+        req = self.requests
+        if warmup:
+            req = req.iloc[int(len(req) * warmup):]
+        fin = req[req["status"] == "finished"]
+        out: dict[str, float] = {"num_requests": float(len(req)),
+                                 "num_finished": float(len(fin)),
+                                 "num_shed": float((req["status"] == "shed").sum())}
+        for col in ("ttft_s", "tpot_s", "e2e_s", "queue_s"):
+            _quantiles(col.removesuffix("_s"), fin[col].to_numpy(), out)
+        norm = (fin["e2e_s"] / fin["output_tokens"]).to_numpy()
+        _quantiles("norm_latency", norm, out)
+        good = meets_slo(req, self.slo)
+        span = self.sim_seconds
+        out["slo_attainment"] = float(good.mean()) if len(req) else float("nan")
+        out["goodput_rps"] = float(good.sum() / span) if span > 0 else 0.0
+        out["throughput_rps"] = float(len(fin) / span) if span > 0 else 0.0
+        out["throughput_tok_s"] = float(fin["output_tokens"].sum() / span) if span > 0 else 0.0
+        out["num_preemptions"] = float(self.requests["preemptions"].sum())
+        out["iterations"] = float(len(self.timeseries))
+        out["sim_seconds"] = span
+        out["wall_seconds"] = float(self.meta.get("wall_seconds", float("nan")))
+        return out
+
+    @property
+    def sim_seconds(self) -> float:
+        """Simulated time from the first arrival to the last request leaving."""
+        req = self.requests
+        if not len(req):
+            return 0.0
+        return float(np.nanmax(req["finish_s"].to_numpy()) - req["arrival_s"].min())
+
+    def to_chrome_trace(self, path: str | Path | None = None) -> dict[str, Any]:
+        """The batch log as Chrome-trace JSON (open in chrome://tracing or Perfetto)."""
+        if self.iterations is None:
+            raise ValueError("no batch log: run simulate(..., record_iterations=True)")
+        ts = self.timeseries
+        events: list[dict[str, Any]] = []
+        for it, row in enumerate(ts.itertuples(index=False)):
+            events.append({"name": f"iteration {it}", "ph": "X", "pid": 0, "tid": 0,
+                           "ts": row.start_s * 1e6, "dur": row.duration_s * 1e6,
+                           "args": {"tokens": int(row.num_tokens),
+                                    "running": int(row.num_running)}})
+        starts = ts["start_s"].to_numpy()
+        durs = ts["duration_s"].to_numpy()
+        for it, rid, tok in self.iterations.itertuples(index=False):
+            events.append({"name": f"req {rid}", "ph": "X", "pid": 1, "tid": int(rid),
+                           "ts": starts[it] * 1e6, "dur": durs[it] * 1e6,
+                           "args": {"tokens": int(tok)}})
+        if self.preemption_log is not None:
+            for it, rid in self.preemption_log.itertuples(index=False):
+                events.append({"name": "preempted", "ph": "i", "s": "t", "pid": 1,
+                               "tid": int(rid), "ts": starts[min(it, len(starts) - 1)] * 1e6})
+        doc = {"traceEvents": events, "displayTimeUnit": "ms"}
+        if path is not None:
+            Path(path).write_text(json.dumps(doc))
+        return doc
+
+
+def requests_frame(table: Any, slo: SLOSpec) -> pd.DataFrame:
+    """Build the per-request DataFrame from the engine's request table."""
+    out_tok = table.output
+    status = np.where(table.status == 3, "finished", "shed")
+    reason = np.full(table.n, "", dtype=object)
+    for rid, why in table.reason.items():
+        reason[rid] = why
+    ttft = table.first_token_s - table.arrival_s
+    frame = pd.DataFrame({
+        "arrival_s": table.arrival_s,
+        "prompt_tokens": table.prompt,
+        "output_tokens": out_tok,
+        "tenant": table.tenant,
+        "slo_class": table.slo_class,
+        "first_scheduled_s": table.first_scheduled_s,
+        "first_token_s": table.first_token_s,
+        "finish_s": table.finish_s,
+        "ttft_s": ttft,
+        "tpot_s": tpot(table.first_token_s, table.finish_s, table.generated),
+        "e2e_s": table.finish_s - table.arrival_s,
+        "queue_s": table.first_scheduled_s - table.arrival_s,
+        "preemptions": table.preemptions,
+        "status": status,
+        "reason": reason,
+    })
+    frame.index.name = "request_id"
+    shed = status == "shed"
+    frame.loc[shed, ["ttft_s", "tpot_s", "e2e_s"]] = np.nan
+    return frame
+
+
+def timeseries_frame(rows: np.ndarray, num_blocks: int) -> pd.DataFrame:
+    frame = pd.DataFrame(rows, columns=list(TIMESERIES_COLUMNS))
+    for col in TIMESERIES_COLUMNS[2:]:
+        frame[col] = frame[col].astype(np.int64)
+    frame.insert(5, "kv_cache_usage_perc", frame["kv_blocks_used"] / num_blocks)
+    frame.index.name = "iteration"
+    return frame
+
+
+def config_dict(obj: Any) -> dict[str, Any]:
+    """A JSON-friendly view of a dataclass config (objects become their repr)."""
+    raw = asdict(obj) if hasattr(obj, "__dataclass_fields__") else dict(obj)
+    return {k: v if isinstance(v, int | float | str | bool | type(None)) else repr(v)
+            for k, v in raw.items()}

@@ -1,0 +1,164 @@
+"""The columnar, immutable request trace every workload becomes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+
+def _frozen(values: Any, dtype: type, name: str) -> np.ndarray:
+    arr = np.array(values, dtype=dtype, copy=True).reshape(-1)
+    arr.flags.writeable = False
+    return arr
+
+
+@dataclass(frozen=True, eq=False)
+class Trace:
+    """A request trace as columns: one entry per request, sorted by arrival time.
+
+    Attributes:
+        arrival_s: arrival time in seconds from the trace start (first request at 0), float64.
+        prompt_tokens: prompt (context) length in tokens, int64, >= 1.
+        output_tokens: true output length in tokens, int64, >= 1. Never shown to policies
+            except through the engine's explicitly privileged oracle view.
+        tenant: tenant (client) id, int32, default 0.
+        slo_class: SLO class id, int16, default 0.
+        name: where the trace came from (a file path, a catalogue name or a generator).
+        extra: optional per-request side data that travels with slicing (e.g. Mooncake
+            ``hash_ids`` as an object array).
+    """
+
+    arrival_s: np.ndarray
+    prompt_tokens: np.ndarray
+    output_tokens: np.ndarray
+    tenant: np.ndarray
+    slo_class: np.ndarray
+    name: str = "trace"
+    extra: dict[str, np.ndarray] = field(default_factory=dict)
+
+    @classmethod
+    def from_arrays(
+        cls,
+        arrival_s: Any,
+        prompt_tokens: Any,
+        output_tokens: Any,
+        tenant: Any | None = None,
+        slo_class: Any | None = None,
+        name: str = "trace",
+        extra: dict[str, Any] | None = None,
+        rebase: bool = True,
+    ) -> Trace:
+        """Build a trace from array-likes, validating every entry.
+
+        Arrival times must be finite and non-decreasing; they are shifted so the first arrival
+        is at 0 unless ``rebase=False``. Token counts must be integers >= 1.
+        """
+        arrival = np.asarray(arrival_s, dtype=np.float64).reshape(-1)
+        n = arrival.size
+        prompt = np.asarray(prompt_tokens).reshape(-1)
+        output = np.asarray(output_tokens).reshape(-1)
+        cols = {"prompt_tokens": prompt, "output_tokens": output}
+        if tenant is not None:
+            cols["tenant"] = np.asarray(tenant).reshape(-1)
+        if slo_class is not None:
+            cols["slo_class"] = np.asarray(slo_class).reshape(-1)
+        for col, values in cols.items():
+            if values.size != n:
+                raise ValueError(f"Trace.from_arrays: {col} has {values.size} entries, arrival_s {n}")
+        bad = np.flatnonzero(~np.isfinite(arrival))
+        if bad.size:
+            raise ValueError(f"Trace.from_arrays: arrival_s[{bad[0]}] is {arrival[bad[0]]}; expected finite")
+        if n > 1:
+            back = np.flatnonzero(np.diff(arrival) < 0)
+            if back.size:
+                i = back[0] + 1
+                raise ValueError(
+                    f"Trace.from_arrays: arrival_s[{i}]={arrival[i]} is before arrival_s[{i - 1}]="
+                    f"{arrival[i - 1]}; expected non-decreasing arrival times"
+                )
+        for col in ("prompt_tokens", "output_tokens"):
+            values = cols[col]
+            as_float = values.astype(np.float64)
+            bad = np.flatnonzero(~np.isfinite(as_float) | (as_float < 1) | (as_float != np.round(as_float)))
+            if bad.size:
+                raise ValueError(
+                    f"Trace.from_arrays: {col}[{bad[0]}] is {values[bad[0]]}; expected an integer >= 1"
+                )
+        if rebase and n:
+            arrival = arrival - arrival[0]
+        extra_cols = {}
+        for key, values in (extra or {}).items():
+            arr = np.asarray(values, dtype=object if np.asarray(values).dtype == object else None)
+            if len(arr) != n:
+                raise ValueError(f"Trace.from_arrays: extra[{key!r}] has {len(arr)} entries, expected {n}")
+            arr = arr.copy()
+            arr.flags.writeable = False
+            extra_cols[key] = arr
+        return cls(
+            arrival_s=_frozen(arrival, np.float64, "arrival_s"),
+            prompt_tokens=_frozen(prompt, np.int64, "prompt_tokens"),
+            output_tokens=_frozen(output, np.int64, "output_tokens"),
+            tenant=_frozen(np.zeros(n) if tenant is None else cols["tenant"], np.int32, "tenant"),
+            slo_class=_frozen(
+                np.zeros(n) if slo_class is None else cols["slo_class"], np.int16, "slo_class"
+            ),
+            name=name,
+            extra=extra_cols,
+        )
+
+    def __len__(self) -> int:
+        return int(self.arrival_s.size)
+
+    def __getitem__(self, index: slice) -> Trace:
+        """A window of requests by position, e.g. ``trace[1000:3000]`` (arrivals rebased to 0)."""
+        if not isinstance(index, slice):
+            raise TypeError("Trace supports slicing by request window (trace[a:b]); use .select for masks")
+        return self._take(index)
+
+    def window(self, start: int, count: int) -> Trace:
+        """``count`` consecutive requests starting at request ``start`` (rebased to t=0)."""
+        if start < 0 or count < 1 or start + count > len(self):
+            raise ValueError(
+                f"Trace.window: start={start}, count={count} outside a trace of {len(self)} requests"
+            )
+        return self._take(slice(start, start + count))
+
+    def between(self, t0: float, t1: float) -> Trace:
+        """Requests arriving in [t0, t1) seconds (rebased so the first one arrives at 0)."""
+        lo, hi = np.searchsorted(self.arrival_s, [t0, t1], side="left")
+        return self._take(slice(int(lo), int(hi)))
+
+    def with_arrivals(self, arrival_s: np.ndarray, name: str | None = None) -> Trace:
+        """The same requests with new arrival times (used by load scaling)."""
+        return Trace.from_arrays(
+            arrival_s, self.prompt_tokens, self.output_tokens, self.tenant, self.slo_class,
+            name=name or self.name, extra=self.extra, rebase=False,
+        )
+
+    def _take(self, index: slice) -> Trace:
+        arrival = self.arrival_s[index]
+        return Trace.from_arrays(
+            arrival, self.prompt_tokens[index], self.output_tokens[index],
+            self.tenant[index], self.slo_class[index], name=self.name,
+            extra={k: v[index] for k, v in self.extra.items()},
+        )
+
+    @property
+    def duration_s(self) -> float:
+        """Time from the first to the last arrival."""
+        return float(self.arrival_s[-1] - self.arrival_s[0]) if len(self) else 0.0
+
+    @property
+    def rate(self) -> float:
+        """Mean arrival rate in requests per second."""
+        return (len(self) - 1) / self.duration_s if self.duration_s > 0 else float("inf")
+
+    def __repr__(self) -> str:
+        if not len(self):
+            return f"Trace(name={self.name!r}, 0 requests)"
+        return (
+            f"Trace(name={self.name!r}, {len(self)} requests over {self.duration_s:.1f} s, "
+            f"mean prompt {self.prompt_tokens.mean():.0f}, mean output {self.output_tokens.mean():.0f})"
+        )
