@@ -56,6 +56,8 @@ class Engine:
         consult: ``"on_change"`` (ask for a decision only when the waiting set changed or
             memory runs short) or ``"every_iteration"``; see :class:`cbgym.engine.Policy`.
         record_iterations: keep the per-iteration batch log (ids and tokens per iteration).
+        fast_forward: advance stretches of decode-only iterations with nothing to decide in one
+            computation (identical results; off only to test exactly that).
     """
 
     def __init__(
@@ -64,6 +66,7 @@ class Engine:
         config: EngineConfig,
         consult: str = "on_change",
         record_iterations: bool = False,
+        fast_forward: bool = True,
     ) -> None:
         assert config.block_size is not None and config.num_kv_blocks is not None
         self.config = config
@@ -71,7 +74,10 @@ class Engine:
         self.kv = BlockManager(config.num_kv_blocks, config.block_size, len(trace))
         self.cost = config.cost_model
         self.recorder = Recorder(record_iterations)
+        if consult not in ("on_change", "every_iteration"):
+            raise ValueError(f"Engine consult={consult!r}: expected 'on_change' or 'every_iteration'")
         self.consult_every_iteration = consult == "every_iteration"
+        self.fast_forward = fast_forward
         self.paper = config.paper_mode
         self.budget = np.iinfo(np.int64).max if self.paper else config.max_num_batched_tokens
         kvb = config.kv_bytes_per_token or 0
@@ -109,7 +115,7 @@ class Engine:
             if plan.shortfall > 0 or asks:
                 self._pending = self._decision_point(plan)
                 return self._pending
-            if not self._fast_forward(plan):
+            if not (self.fast_forward and self._fast_forward(plan)):
                 self._iterate(self._standing, plan)
 
     def decide(self, decision: Decision) -> None:
@@ -161,6 +167,8 @@ class Engine:
             return "prompt_exceeds_max_model_len"
         if self.kv.blocks_for(int(req.prompt[rid])) > self.kv.num_blocks:
             return "prompt_exceeds_kv_capacity"
+        if not cfg.chunked_prefill and req.prompt[rid] > self.budget:
+            return "prompt_exceeds_token_budget"  # without chunking it could never be scheduled
         return None
 
     # ------------------------------------------------------------------ decision points
@@ -337,11 +345,12 @@ class Engine:
             if len(self.running) >= cfg.max_num_seqs or budget <= 0:
                 break
             total = req.num_tokens(rid)
-            if kv.blocks_for(total) > kv.num_blocks:
-                never.append(rid)  # prompt + output so far outgrew the whole cache
-                continue
             computed = int(req.host_tokens[rid])  # swapped-out KV comes back; else recompute
             new = total - computed
+            if kv.blocks_for(total) > kv.num_blocks or (not cfg.chunked_prefill
+                                                        and new > self.budget):
+                never.append(rid)  # prompt + output so far outgrew the cache or the budget
+                continue
             if not cfg.chunked_prefill and new > budget:
                 break
             tokens = min(new, budget)
@@ -457,17 +466,19 @@ class Engine:
         req.generated[out] += 1
         first = out[req.generated[out] == 1]
         req.first_token_s[first] = self.now
-        self._retire(out)
-        self.recorder.batch(self.iteration, ids, tokens)
+        # gauges as vLLM reports them: after scheduling, before finished requests are freed
         self.recorder.iteration((start, dt, len(self.waiting), len(self.running), self.kv.used,
                                  int(tokens.sum()), stats.prefill_tokens, num_decode,
                                  self._preempted_now))
+        self.recorder.batch(self.iteration, ids, tokens)
+        self._retire(out)
         self.iteration += 1
         self.last_iteration_s = dt
 
     def _idle(self) -> None:
         """Nothing was scheduled (the policy held every waiting request): let time pass."""
         self._idle_ticks += 1
+        self._changed = True  # a standing hold must not outlive an idle tick: ask again
         if self._idle_ticks > MAX_IDLE_TICKS:
             raise RuntimeError(
                 f"the policy held every waiting request for {MAX_IDLE_TICKS} idle ticks with "
