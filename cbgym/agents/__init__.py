@@ -1,25 +1,76 @@
-"""Baseline and learned scheduling policies, each a ``decide(DecisionPoint) -> Decision``."""
+"""Baseline and learned scheduling policies, each a ``decide(DecisionPoint) -> Decision``.
+
+=====================  ==========================================================  ==========
+name                   admits first                                                privileged
+=====================  ==========================================================  ==========
+fcfs                   queue order (vLLM's default)                                no
+sjf-ctx                fewest prompt tokens                                        no
+cb-sjf-work[:global]   least estimated work c_f + c_p x + c_d yhat (content-blind)  no
+ljf-work               most estimated work (control)                               no
+random                 a random priority fixed per request (control)               no
+oracle-sjf             shortest true output                                        yes
+oracle-work            least true work c_f + c_p x + c_d y                         yes
+oracle-srpt            least remaining work, evicting longer running requests      yes
+noisy-oracle:ACC       oracle-sjf on lengths shuffled among 1-ACC of requests      yes
+noisy-oracle-work:ACC  oracle-work on the same believed lengths                    yes
+<key policy>-aging:W   the key in seconds of work minus W x seconds waited         as base
+=====================  ==========================================================  ==========
+"""
 
 from __future__ import annotations
 
+from cbgym.agents.aging import (
+    AGING_POLICIES,
+    CBSJFWorkAging,
+    NoisyOracleAging,
+    NoisyOracleWorkAging,
+    OracleSJFAging,
+    OracleWorkAging,
+    SJFCtxAging,
+    with_aging,
+)
+from cbgym.agents.base import KeyPolicy, QueueView
+from cbgym.agents.cb_sjf_work import CBSJFWork
 from cbgym.agents.fcfs import FCFS
+from cbgym.agents.ljf_work import LJFWork
+from cbgym.agents.noisy_oracle import NoisyOracle, NoisyOracleWork
+from cbgym.agents.oracle_srpt import OracleSRPT
+from cbgym.agents.oracles import OracleSJF, OracleWork
+from cbgym.agents.params import check_arity
+from cbgym.agents.random_order import RandomOrder
+from cbgym.agents.sjf_ctx import SJFCtx
 from cbgym.engine.decision import Policy
 
 POLICIES: dict[str, type[Policy]] = {
-    "fcfs": FCFS,
+    cls.name: cls
+    for cls in (FCFS, SJFCtx, CBSJFWork, LJFWork, RandomOrder, OracleSJF, OracleWork,
+                OracleSRPT, NoisyOracle, NoisyOracleWork, *AGING_POLICIES)
 }
 
 
 def make_policy(spec: str) -> Policy:
     """Build a policy from a name, optionally with one argument after a colon.
 
-    Examples: ``"fcfs"``, ``"noisy-oracle:0.8"``, ``"learned:path/to/model.zip"``.
+    Examples: ``"fcfs"``, ``"noisy-oracle:0.8"``, ``"cb-sjf-work-aging:0.5"``,
+    ``"learned:path/to/model.zip"``.
+
+    Raises:
+        ValueError: unknown name (the message lists the known ones), or a bad argument (the
+            message names the parameter).
     """
-    name, _, arg = spec.partition(":")
+    name, colon, arg = spec.partition(":")
     if name not in POLICIES:
         raise ValueError(f"unknown policy {name!r}; known: {', '.join(sorted(POLICIES))}")
     cls = POLICIES[name]
-    return cls(arg) if arg else cls()  # type: ignore[call-arg]
+    if not colon:
+        return cls()
+    check_arity(cls, name, [arg])
+    return cls(arg)  # type: ignore[call-arg]
 
 
-__all__ = ["POLICIES", "make_policy", "FCFS"]
+__all__ = [
+    "POLICIES", "make_policy", "with_aging", "KeyPolicy", "QueueView", "FCFS", "SJFCtx",
+    "CBSJFWork", "LJFWork", "RandomOrder", "OracleSJF", "OracleWork", "OracleSRPT",
+    "NoisyOracle", "NoisyOracleWork", "SJFCtxAging", "CBSJFWorkAging", "OracleSJFAging",
+    "OracleWorkAging", "NoisyOracleAging", "NoisyOracleWorkAging",
+]

@@ -1,0 +1,44 @@
+"""CB-SJF-Work: shortest estimated total work first, content-blind (the study's policy)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from cbgym.agents.base import QueueView
+from cbgym.agents.params import parse_choice
+from cbgym.agents.work import PRIOR_OUTPUT_TOKENS, WorkKeyPolicy, estimated_output
+
+ESTIMATORS = ("bucket", "global")
+
+
+class CBSJFWork(WorkKeyPolicy):
+    """Admit the request with the least estimated work ``c_f + c_p x + c_d yhat`` first.
+
+    ``x`` is ``prompt_tokens``; ``yhat`` is content-blind (see
+    :func:`cbgym.agents.work.estimated_output`): the recent mean output of completed requests
+    with a prompt in the same bucket (``recent_output_by_bucket``; ``estimator="global"``:
+    ``recent_output_mean`` only), 128 tokens before any completion, and at least
+    ``num_generated + 1``. Keys are seconds of work priced by the engine's cost model. Not
+    privileged.
+
+    Args:
+        estimator: ``"bucket"`` (default) or ``"global"``.
+    """
+
+    name = "cb-sjf-work"
+    uses_output_stats = True
+    # The keys move whenever a request completes (the output statistic changes), and the engine
+    # does not consult an on_change policy on completions: it would keep applying a ranking
+    # built on a stale statistic, and the env (which recomputes keys at every step) would
+    # disagree with the fast path. So ask at every iteration.
+    consult = "every_iteration"
+
+    def __init__(self, estimator: str = "bucket",
+                 prior_output_tokens: float = PRIOR_OUTPUT_TOKENS) -> None:
+        self.estimator = parse_choice(estimator, self.name, "estimator", ESTIMATORS)
+        self.prior_output_tokens = float(prior_output_tokens)
+        self.label = self.name if estimator == "bucket" else f"{self.name}:{estimator}"
+
+    def keys(self, view: QueueView) -> np.ndarray:
+        yhat = estimated_output(view, self.estimator, self.prior_output_tokens)
+        return self.coef.work(view.prompt_tokens, yhat)
