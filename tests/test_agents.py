@@ -130,7 +130,7 @@ def test_aging_adds_credit_for_waiting_without_drift() -> None:
     late = pol.keys(queue([200, 100], waited=[31.0, 30.5], now=40.0))
     np.testing.assert_allclose(early, late, rtol=0, atol=1e-9)
     assert pol.consult == "on_change"
-    assert ready("cb-sjf-work-aging:1").consult == "every_iteration"
+    assert ready("cb-sjf-work-aging:1").consult == "on_completion"
 
 
 def test_keys_match_a_full_view_of_every_decision_point() -> None:
@@ -288,8 +288,6 @@ def test_oracle_srpt_lets_a_short_request_overtake() -> None:
     assert sjf["finish_s"][1] > sjf["finish_s"][0]
 
 
-@pytest.mark.xfail(reason="engine: Decision.preempt leaves a stale running plan (reported)",
-                   strict=False)
 def test_an_evicted_request_is_not_served_in_the_iteration_that_evicts_it() -> None:
     tr = Trace.from_arrays([0.0, 0.05], [20, 20], [400, 3])
     res = simulate(tr, "oracle-srpt", linear_cfg(max_num_seqs=1), record_iterations=True)

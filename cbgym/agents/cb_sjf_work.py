@@ -27,11 +27,11 @@ class CBSJFWork(WorkKeyPolicy):
 
     name = "cb-sjf-work"
     uses_output_stats = True
-    # The keys move whenever a request completes (the output statistic changes), and the engine
-    # does not consult an on_change policy on completions: it would keep applying a ranking
-    # built on a stale statistic, and the env (which recomputes keys at every step) would
-    # disagree with the fast path. So ask at every iteration.
-    consult = "every_iteration"
+    # The keys move only when a request completes (the output statistic changes); nothing
+    # else about a waiting request's key changes with time. So ask when the queue changed or
+    # a request finished: the fast path then ranks with the same statistic the env agent,
+    # which recomputes keys at every step, sees.
+    consult = "on_completion"
 
     def __init__(self, estimator: str = "bucket",
                  prior_output_tokens: float = PRIOR_OUTPUT_TOKENS) -> None:

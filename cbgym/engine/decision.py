@@ -117,12 +117,14 @@ class Policy:
         decision's order and holds (right for any policy whose ranking does not drift with
         time alone, e.g. fixed keys or linear aging). This lets the engine advance blocked
         stretches in one computation.
+      * ``"on_completion"``: as ``on_change``, and also after any request finished (for
+        rankings that use statistics of completed requests, e.g. CB-SJF-Work's estimate).
       * ``"every_iteration"``: at every iteration with something to decide.
     """
 
     name: ClassVar[str] = "policy"
     privileged: ClassVar[bool] = False
-    consult: ClassVar[Literal["on_change", "every_iteration"]] = "on_change"
+    consult: ClassVar[Literal["on_change", "on_completion", "every_iteration"]] = "on_change"
 
     def reset(self, ctx: PolicyContext) -> None:
         """Called once before a simulation; keep ``ctx`` if needed."""

@@ -27,9 +27,13 @@ from cbgym.engine.requests import RequestTable, Status
 from cbgym.workload.trace import Trace
 
 _GIB = 1 << 30
+WAITING, RUNNING = int(Status.WAITING), int(Status.RUNNING)  # plain ints: hot-path lookups
 # With nothing running and every waiting request held back, time moves by this much per tick.
 IDLE_TICK_S = 0.01
 MAX_IDLE_TICKS = 1_000_000
+
+
+CONSULT_MODES = ("on_change", "on_completion", "every_iteration")
 
 
 class InvalidDecisionError(ValueError):
@@ -74,9 +78,10 @@ class Engine:
         self.kv = BlockManager(config.num_kv_blocks, config.block_size, len(trace))
         self.cost = config.cost_model
         self.recorder = Recorder(record_iterations)
-        if consult not in ("on_change", "every_iteration"):
-            raise ValueError(f"Engine consult={consult!r}: expected 'on_change' or 'every_iteration'")
+        if consult not in CONSULT_MODES:
+            raise ValueError(f"Engine consult={consult!r}: expected one of {CONSULT_MODES}")
         self.consult_every_iteration = consult == "every_iteration"
+        self.consult_on_completion = consult == "on_completion"
         self.fast_forward = fast_forward
         self.paper = config.paper_mode
         self.budget = np.iinfo(np.int64).max if self.paper else config.max_num_batched_tokens
@@ -152,7 +157,7 @@ class Engine:
             if reason:
                 req.end(rid, Status.SHED, float(req.arrival_s[rid]), reason)
             else:
-                req.status[rid] = Status.WAITING
+                req.status[rid] = WAITING
                 self.waiting.append(rid)
                 self._changed = True
         self._next_arrival = j
@@ -326,14 +331,15 @@ class Engine:
     def _pick_victim(self, victims: object) -> int:
         """The policy's next victim still running, else vLLM's default: the last admitted."""
         for rid in victims:  # type: ignore[attr-defined]
-            if self.req.status[rid] == Status.RUNNING:
+            if self.req.status[rid] == RUNNING:
                 return int(rid)
         return self.running[-1]
 
     def _admission_order(self, d: Decision) -> list[int]:
         if d.order is None:
             return self.waiting  # iterated, not mutated, by the callers
-        return [int(r) for r in d.order if self.req.status[r] == Status.WAITING]
+        order = np.asarray(d.order, dtype=np.int64)
+        return order[self.req.status[order] == WAITING].tolist()
 
     def _admit(self, d: Decision, budget: int) -> tuple[list[int], list[int]]:
         """Admit waiting requests in the decision's order; stop at the first that does not fit."""
@@ -378,7 +384,7 @@ class Engine:
             self.host_free_tokens += computed
             req.host_tokens[rid] = 0
         req.computed[rid] = computed
-        req.status[rid] = Status.RUNNING
+        req.status[rid] = RUNNING
         if np.isnan(req.first_scheduled_s[rid]):
             req.first_scheduled_s[rid] = self.now
         self.running.append(rid)
@@ -397,10 +403,10 @@ class Engine:
             admitted.append(rid)
         if admitted:
             ids = np.asarray(admitted, np.int64)
-            self.waiting = self.waiting[len(admitted):] if d.order is None else [
-                r for r in self.waiting if req.status[r] == Status.WAITING]
+            chosen = set(admitted)
+            self.waiting = [r for r in self.waiting if r not in chosen]
             self._changed = True
-            return ids, req.prompt[ids].copy()
+            return ids, req.prompt[ids] + req.generated[ids]  # generated > 0 after an eviction
         ids = np.fromiter(self.running, np.int64, len(self.running))
         return ids, np.ones(len(ids), np.int64)
 
@@ -415,7 +421,8 @@ class Engine:
             self._swap_bytes += computed * self.kv_bytes_per_token
         req.computed[rid] = 0
         self.kv.free_request(rid)
-        req.status[rid] = Status.WAITING
+        self._plan = None
+        req.status[rid] = WAITING
         req.preemptions[rid] += 1
         self.total_preemptions += 1
         self._preempted_now += 1
@@ -506,6 +513,8 @@ class Engine:
             self.kv.free_request(rid)
         ended = set(done.tolist()) | set(capped.tolist())
         self.running = [r for r in self.running if r not in ended]
+        if self.consult_on_completion:
+            self._changed = True
 
     # ------------------------------------------------------------------ fast-forward
     def _fast_forward(self, plan: _RunningPlan) -> bool:
@@ -538,8 +547,9 @@ class Engine:
         stats = BatchStats(num_seqs=n, prefill_tokens=0, decode_seqs=n, sampled_seqs=n,
                            attn_q_ctx=ctx + n * k, attn_q_sq=n, kv_tokens=ctx + n * (k + 1))
         dt = np.broadcast_to(np.asarray(self.cost.iteration_time(stats), np.float64), (k_max,))
-        ends = self.now + np.cumsum(dt)
-        starts = np.concatenate([[self.now], ends[:-1]])
+        # summed from `now` one iteration at a time, exactly as the one-at-a-time loop rounds
+        clock = np.cumsum(np.concatenate([[self.now], dt]))
+        starts = clock[:-1]
         if self._next_arrival < req.n:
             k_max = int(np.searchsorted(starts, req.arrival_s[self._next_arrival], side="left"))
         if k_max < 2:
