@@ -49,6 +49,7 @@ class _RunningPlan:
     tokens: np.ndarray  # tokens each should catch up with this iteration (the budget allows)
     need: np.ndarray  # new KV blocks each needs for that
     shortfall: int  # blocks missing overall (0: everyone fits)
+    decoding: bool  # every running request is one token behind (a pure decode batch)
 
 
 class Engine:
@@ -100,6 +101,10 @@ class Engine:
         self._pending: DecisionPoint | None = None
         self._plan: _RunningPlan | None = None
         self._idle_ticks = 0
+        # read-only views handed to policies (made once: the columns are updated in place)
+        self._views = {name: self.req.readonly(getattr(self.req, name)) for name in (
+            "arrival_s", "prompt", "computed", "generated", "preemptions", "tenant",
+            "slo_class", "finish_order")}
         self._swap_bytes = 0
         self._preempted_now = 0
 
@@ -182,21 +187,28 @@ class Engine:
         if self._plan is not None:
             return self._plan
         req = self.req
-        ids = np.fromiter(self.running, np.int64, len(self.running))
+        n = len(self.running)
+        ids = np.fromiter(self.running, np.int64, n)
         computed = req.computed[ids]
-        remaining = req.prompt[ids] + req.generated[ids] - computed
+        remaining = req.tokens[ids] - computed
+        # a request one token behind that has output is decoding; else it is (re)prefilling
+        decoding = n > 0 and int(remaining.max()) == 1 and int(req.generated[ids].min()) > 0
         if self.paper:  # the study's decode step serves every running request, KV reserved
             tokens, need = remaining, np.zeros_like(remaining)
         else:
-            before = np.cumsum(remaining) - remaining
-            tokens = np.minimum(remaining, np.maximum(self.budget - before, 0))
-            need = np.maximum(-(-(computed + tokens) // self.kv.block_size) - self.kv.held[ids], 0)
+            if decoding and n <= self.budget:
+                tokens = remaining
+            else:
+                before = np.cumsum(remaining) - remaining
+                tokens = np.minimum(remaining, np.maximum(self.budget - before, 0))
+            need = -(-(computed + tokens) // self.kv.block_size) - self.kv.held[ids]
+            np.maximum(need, 0, out=need)
         shortfall = max(int(need.sum()) - self.kv.free, 0)
-        self._plan = _RunningPlan(ids, computed, tokens, need, shortfall)
+        self._plan = _RunningPlan(ids, computed, tokens, need, shortfall, decoding)
         return self._plan
 
     def _decision_point(self, plan: _RunningPlan) -> DecisionPoint:
-        req, ro = self.req, self.req.readonly
+        req, ro = self.req, self._views
         return DecisionPoint(
             now=self.now,
             iteration=self.iteration,
@@ -205,14 +217,14 @@ class Engine:
             shortfall_blocks=plan.shortfall,
             free_blocks=self.kv.free,
             num_blocks=self.kv.num_blocks,
-            arrival_s=ro(req.arrival_s),
-            prompt_tokens=ro(req.prompt),
-            num_computed=ro(req.computed),
-            num_generated=ro(req.generated),
-            num_preemptions=ro(req.preemptions),
-            tenant=ro(req.tenant),
-            slo_class=ro(req.slo_class),
-            finished=ro(req.finish_order[: req.num_finished]),
+            arrival_s=ro["arrival_s"],
+            prompt_tokens=ro["prompt"],
+            num_computed=ro["computed"],
+            num_generated=ro["generated"],
+            num_preemptions=ro["preemptions"],
+            tenant=ro["tenant"],
+            slo_class=ro["slo_class"],
+            finished=ro["finish_order"][: req.num_finished],
             last_iteration_s=self.last_iteration_s,
             total_preemptions=self.total_preemptions,
             config=self.config,
@@ -222,9 +234,9 @@ class Engine:
         status = self.req.status
 
         def check(name: str, ids: object, where: Status) -> None:
-            arr = np.asarray(ids, dtype=np.int64).reshape(-1) if ids is not None else None
-            if arr is None or arr.size == 0:
+            if ids is None or len(ids) == 0:  # type: ignore[arg-type]
                 return
+            arr = np.asarray(ids, dtype=np.int64).reshape(-1)
             if arr.min() < 0 or arr.max() >= self.req.n:
                 raise InvalidDecisionError(f"Decision.{name}: ids must be in [0, {self.req.n})")
             wrong = arr[status[arr] != where]
@@ -273,9 +285,12 @@ class Engine:
         budget = self.budget
         # First, schedule the RUNNING requests.
         if plan.shortfall == 0 and not self._any_too_long(plan):
-            scheduled = plan.tokens > 0
-            ids, tokens = plan.ids[scheduled], plan.tokens[scheduled]
-            self.kv.grow_many(ids, plan.computed[scheduled] + tokens)
+            if plan.decoding and len(plan.ids) <= budget:
+                ids, tokens = plan.ids, plan.tokens
+            else:
+                scheduled = plan.tokens > 0
+                ids, tokens = plan.ids[scheduled], plan.tokens[scheduled]
+            self.kv.add(plan.ids, plan.need)
             budget -= int(tokens.sum())
             preempted = False
         else:
@@ -406,7 +421,7 @@ class Engine:
             chosen = set(admitted)
             self.waiting = [r for r in self.waiting if r not in chosen]
             self._changed = True
-            return ids, req.prompt[ids] + req.generated[ids]  # generated > 0 after an eviction
+            return ids, req.tokens[ids].copy()  # prompt (+ generated, after an eviction)
         ids = np.fromiter(self.running, np.int64, len(self.running))
         return ids, np.ones(len(ids), np.int64)
 
@@ -446,36 +461,38 @@ class Engine:
     # ------------------------------------------------------------------ running the batch
     def _execute(self, ids: np.ndarray, tokens: np.ndarray) -> None:
         """Price the iteration, advance the clock, produce tokens, retire finished requests."""
-        req = self.req
-        computed = req.computed[ids]
-        total = req.prompt[ids] + req.generated[ids]
-        decode = (tokens == 1) & (req.generated[ids] > 0) & (computed == total - 1)
-        sampled = computed + tokens == total
-        num_decode = int(decode.sum())
-        stats = BatchStats(
-            num_seqs=len(ids),
-            prefill_tokens=int(tokens.sum()) - num_decode,
-            decode_seqs=num_decode,
-            sampled_seqs=int(sampled.sum()),
-            attn_q_ctx=int((tokens * computed).sum()),
-            attn_q_sq=int((tokens * (tokens + 1) // 2).sum()),
-            kv_tokens=int((computed + tokens).sum()),
-            swap_bytes=self._swap_bytes,
-        )
         if not len(ids) and not self._swap_bytes and not self._preempted_now:
             self._idle()
             return
         self._idle_ticks = 0
+        req = self.req
+        computed = req.computed[ids]
+        total = req.tokens[ids]
+        after = computed + tokens
+        sampled = after == total
+        # a decode is one token past the prompt; everything else computed is prefill work
+        num_decode = int(np.count_nonzero(sampled & (tokens == 1) & (req.generated[ids] > 0)))
+        num_tokens = int(tokens.sum())
+        stats = BatchStats(
+            num_seqs=len(ids),
+            prefill_tokens=num_tokens - num_decode,
+            decode_seqs=num_decode,
+            sampled_seqs=int(np.count_nonzero(sampled)),
+            attn_q_ctx=int(tokens @ computed),
+            attn_q_sq=int(tokens @ (tokens + 1)) // 2,
+            kv_tokens=int(after.sum()),
+            swap_bytes=self._swap_bytes,
+        )
         dt = float(self.cost.iteration_time(stats))
         start, self.now = self.now, self.now + dt
-        req.computed[ids] = computed + tokens
+        req.computed[ids] = after
         out = ids[sampled]
         req.generated[out] += 1
-        first = out[req.generated[out] == 1]
-        req.first_token_s[first] = self.now
+        req.tokens[out] += 1
+        req.first_token_s[out[req.generated[out] == 1]] = self.now
         # gauges as vLLM reports them: after scheduling, before finished requests are freed
         self.recorder.iteration((start, dt, len(self.waiting), len(self.running), self.kv.used,
-                                 int(tokens.sum()), stats.prefill_tokens, num_decode,
+                                 num_tokens, num_tokens - num_decode, num_decode,
                                  self._preempted_now))
         self.recorder.batch(self.iteration, ids, tokens)
         self._retire(out)
@@ -500,7 +517,7 @@ class Engine:
         done = sampled[req.generated[sampled] >= req.output[sampled]]
         capped = np.empty(0, np.int64)
         if self.config.max_model_len is not None:
-            total = req.prompt[sampled] + req.generated[sampled]
+            total = req.tokens[sampled]
             capped = sampled[(total >= self.config.max_model_len)
                              & (req.generated[sampled] < req.output[sampled])]
         if not done.size and not capped.size:
@@ -527,13 +544,13 @@ class Engine:
         """
         req, kv = self.req, self.kv
         n = len(plan.ids)
-        if n == 0 or not np.all(plan.tokens == 1) or not np.all(req.generated[plan.ids] > 0):
+        if not plan.decoding or n > self.budget:
             return False
         if self.waiting and not self._head_blocked(plan):
             return False
         k_max = int((req.output[plan.ids] - req.generated[plan.ids]).min())
         if self.config.max_model_len is not None:
-            room = self.config.max_model_len - (req.prompt[plan.ids] + req.generated[plan.ids])
+            room = self.config.max_model_len - req.tokens[plan.ids]
             k_max = min(k_max, int(room.min()))
         if k_max < 2:
             return False
@@ -582,11 +599,13 @@ class Engine:
         if self.paper:
             return np.zeros(len(steps), np.int64)
         bs = self.kv.block_size
-        slack = (-computed) % bs  # tokens that still fit in each request's last block
-        counts = np.bincount(slack, minlength=bs)
-        r = np.arange(bs)[:, None]
-        per_slack = np.maximum((steps[None, :] - r - 1) // bs + 1, 0)
-        return (counts[:, None] * per_slack).sum(0)
+        # Request i (r_i tokens of room left in its last block) needs its j-th new block at
+        # step r_i + 1 + (j - 1) bs. Writing s - 1 = q bs + t, it holds q + [r_i <= t] new
+        # blocks after s steps, so the batch needs n q + #{i: r_i <= t}.
+        slack = (-computed) % bs
+        at_most = np.cumsum(np.bincount(slack, minlength=bs))
+        q, t = np.divmod(steps - 1, bs)
+        return len(computed) * q + at_most[t]
 
     def _apply_stretch(self, plan: _RunningPlan, k: int, starts: np.ndarray, dt: np.ndarray,
                        need: np.ndarray) -> None:
@@ -594,6 +613,7 @@ class Engine:
         used0 = self.kv.used
         req.computed[ids] += k
         req.generated[ids] += k
+        req.tokens[ids] += k
         if not self.paper:
             self.kv.grow_many(ids, req.computed[ids])
         n = len(ids)

@@ -49,6 +49,13 @@ class BlockManager:
         self.free -= int(need.sum())
         assert self.free >= 0, "KV blocks over-committed"
 
+    def add(self, ids: np.ndarray, need: np.ndarray) -> None:
+        """Give each request ``need`` more blocks (the caller checked they fit)."""
+        total = int(need.sum())
+        assert total <= self.free, "KV blocks over-committed"
+        self.held[ids] += need
+        self.free -= total
+
     def free_request(self, rid: int) -> int:
         """Release everything ``rid`` holds; returns the number of blocks released."""
         n = int(self.held[rid])

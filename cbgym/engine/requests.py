@@ -17,6 +17,9 @@ class Status(IntEnum):
     SHED = 4
 
 
+_FINISHED = int(Status.FINISHED)  # FINISHED and SHED are the two largest codes
+
+
 class RequestTable:
     """Columns of every request of one simulation. Mutated only by the engine."""
 
@@ -32,6 +35,7 @@ class RequestTable:
         # dynamic
         self.computed = np.zeros(n, dtype=np.int64)  # tokens whose KV is computed
         self.generated = np.zeros(n, dtype=np.int64)  # output tokens produced so far
+        self.tokens = self.prompt.copy()  # prompt + generated, kept in step with `generated`
         self.host_tokens = np.zeros(n, dtype=np.int64)  # KV tokens swapped out to host
         self.preemptions = np.zeros(n, dtype=np.int64)
         self.status = np.zeros(n, dtype=np.int8)
@@ -45,16 +49,16 @@ class RequestTable:
 
     def num_tokens(self, rid: int) -> int:
         """Tokens the request has: prompt plus generated output."""
-        return int(self.prompt[rid] + self.generated[rid])
+        return int(self.tokens[rid])
 
     def end(self, rid: int, status: Status, t: float, reason: str | None) -> None:
         """Record that a request left the system (exactly once)."""
-        assert self.status[rid] not in (Status.FINISHED, Status.SHED), f"request {rid} ended twice"
+        assert self.status[rid] < _FINISHED, f"request {rid} ended twice"
         self.status[rid] = status
         self.finish_s[rid] = t
         if reason is not None:
             self.reason[rid] = reason
-        if status == Status.FINISHED:
+        if status == _FINISHED:
             self.finish_order[self.num_finished] = rid
             self.num_finished += 1
         self.num_ended += 1
