@@ -31,7 +31,9 @@ class SLO:
 
     def __post_init__(self) -> None:
         if not (self.ttft_s > 0 and self.tpot_s > 0):
-            raise ValueError(f"SLO: ttft_s and tpot_s must be > 0, got {self.ttft_s}, {self.tpot_s}")
+            raise ValueError(
+                f"SLO: ttft_s and tpot_s must be > 0, got {self.ttft_s}, {self.tpot_s}"
+            )
 
 
 SLOSpec = SLO | Mapping[int, SLO]
@@ -53,8 +55,9 @@ def slo_arrays(slo: SLOSpec, slo_class: np.ndarray) -> tuple[np.ndarray, np.ndar
 
 def tpot(first_token_s: np.ndarray, finish_s: np.ndarray, output_tokens: np.ndarray) -> np.ndarray:
     """Time per output token after the first: (finish - first token) / (output - 1); 0 if one."""
-    return np.where(output_tokens > 1,
-                    (finish_s - first_token_s) / np.maximum(output_tokens - 1, 1), 0.0)
+    return np.where(
+        output_tokens > 1, (finish_s - first_token_s) / np.maximum(output_tokens - 1, 1), 0.0
+    )
 
 
 def meets_slo(requests: pd.DataFrame, slo: SLOSpec) -> np.ndarray:
@@ -108,11 +111,13 @@ class SimulationResult:
         """
         req = self.requests
         if warmup:
-            req = req.iloc[int(len(req) * warmup):]
+            req = req.iloc[int(len(req) * warmup) :]
         fin = req[req["status"] == "finished"]
-        out: dict[str, float] = {"num_requests": float(len(req)),
-                                 "num_finished": float(len(fin)),
-                                 "num_shed": float((req["status"] == "shed").sum())}
+        out: dict[str, float] = {
+            "num_requests": float(len(req)),
+            "num_finished": float(len(fin)),
+            "num_shed": float((req["status"] == "shed").sum()),
+        }
         for col in ("ttft_s", "tpot_s", "e2e_s", "queue_s"):
             _quantiles(col.removesuffix("_s"), fin[col].to_numpy(), out)
         norm = (fin["e2e_s"] / fin["output_tokens"]).to_numpy()
@@ -144,20 +149,43 @@ class SimulationResult:
         ts = self.timeseries
         events: list[dict[str, Any]] = []
         for it, row in enumerate(ts.itertuples(index=False)):
-            events.append({"name": f"iteration {it}", "ph": "X", "pid": 0, "tid": 0,
-                           "ts": row.start_s * 1e6, "dur": row.duration_s * 1e6,
-                           "args": {"tokens": int(row.num_tokens),
-                                    "running": int(row.num_running)}})
+            events.append(
+                {
+                    "name": f"iteration {it}",
+                    "ph": "X",
+                    "pid": 0,
+                    "tid": 0,
+                    "ts": row.start_s * 1e6,
+                    "dur": row.duration_s * 1e6,
+                    "args": {"tokens": int(row.num_tokens), "running": int(row.num_running)},
+                }
+            )
         starts = ts["start_s"].to_numpy()
         durs = ts["duration_s"].to_numpy()
         for it, rid, tok in self.iterations.itertuples(index=False):
-            events.append({"name": f"req {rid}", "ph": "X", "pid": 1, "tid": int(rid),
-                           "ts": starts[it] * 1e6, "dur": durs[it] * 1e6,
-                           "args": {"tokens": int(tok)}})
+            events.append(
+                {
+                    "name": f"req {rid}",
+                    "ph": "X",
+                    "pid": 1,
+                    "tid": int(rid),
+                    "ts": starts[it] * 1e6,
+                    "dur": durs[it] * 1e6,
+                    "args": {"tokens": int(tok)},
+                }
+            )
         if self.preemption_log is not None:
             for it, rid in self.preemption_log.itertuples(index=False):
-                events.append({"name": "preempted", "ph": "i", "s": "t", "pid": 1,
-                               "tid": int(rid), "ts": starts[min(it, len(starts) - 1)] * 1e6})
+                events.append(
+                    {
+                        "name": "preempted",
+                        "ph": "i",
+                        "s": "t",
+                        "pid": 1,
+                        "tid": int(rid),
+                        "ts": starts[min(it, len(starts) - 1)] * 1e6,
+                    }
+                )
         doc = {"traceEvents": events, "displayTimeUnit": "ms"}
         if path is not None:
             Path(path).write_text(json.dumps(doc))
@@ -172,23 +200,25 @@ def requests_frame(table: Any, slo: SLOSpec) -> pd.DataFrame:
     for rid, why in table.reason.items():
         reason[rid] = why
     ttft = table.first_token_s - table.arrival_s
-    frame = pd.DataFrame({
-        "arrival_s": table.arrival_s,
-        "prompt_tokens": table.prompt,
-        "output_tokens": out_tok,
-        "tenant": table.tenant,
-        "slo_class": table.slo_class,
-        "first_scheduled_s": table.first_scheduled_s,
-        "first_token_s": table.first_token_s,
-        "finish_s": table.finish_s,
-        "ttft_s": ttft,
-        "tpot_s": tpot(table.first_token_s, table.finish_s, table.generated),
-        "e2e_s": table.finish_s - table.arrival_s,
-        "queue_s": table.first_scheduled_s - table.arrival_s,
-        "preemptions": table.preemptions,
-        "status": status,
-        "reason": reason,
-    })
+    frame = pd.DataFrame(
+        {
+            "arrival_s": table.arrival_s,
+            "prompt_tokens": table.prompt,
+            "output_tokens": out_tok,
+            "tenant": table.tenant,
+            "slo_class": table.slo_class,
+            "first_scheduled_s": table.first_scheduled_s,
+            "first_token_s": table.first_token_s,
+            "finish_s": table.finish_s,
+            "ttft_s": ttft,
+            "tpot_s": tpot(table.first_token_s, table.finish_s, table.generated),
+            "e2e_s": table.finish_s - table.arrival_s,
+            "queue_s": table.first_scheduled_s - table.arrival_s,
+            "preemptions": table.preemptions,
+            "status": status,
+            "reason": reason,
+        }
+    )
     frame.index.name = "request_id"
     shed = status == "shed"
     frame.loc[shed, ["ttft_s", "tpot_s", "e2e_s"]] = np.nan
@@ -207,5 +237,7 @@ def timeseries_frame(rows: np.ndarray, num_blocks: int) -> pd.DataFrame:
 def config_dict(obj: Any) -> dict[str, Any]:
     """A JSON-friendly view of a dataclass config (objects become their repr)."""
     raw = asdict(obj) if hasattr(obj, "__dataclass_fields__") else dict(obj)
-    return {k: v if isinstance(v, int | float | str | bool | type(None)) else repr(v)
-            for k, v in raw.items()}
+    return {
+        k: v if isinstance(v, int | float | str | bool | type(None)) else repr(v)
+        for k, v in raw.items()
+    }

@@ -9,8 +9,14 @@ import pandas as pd
 from cbgym.engine.config import EngineConfig
 from cbgym.engine.decision import Policy, PolicyContext
 from cbgym.engine.engine import Engine
-from cbgym.metrics import SLO, SimulationResult, SLOSpec, config_dict, requests_frame, \
-    timeseries_frame
+from cbgym.metrics import (
+    SLO,
+    SimulationResult,
+    SLOSpec,
+    config_dict,
+    requests_frame,
+    timeseries_frame,
+)
 from cbgym.workload.trace import Trace
 
 

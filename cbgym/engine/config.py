@@ -76,8 +76,12 @@ class EngineConfig:
         s = object.__setattr__
         if self.preset == PAPER_PRESET:
             s(self, "mode", PAPER_PRESET)
-            self._fill(block_size=1, num_kv_blocks=None, cost_model=PAPER_COST,
-                       kv_bytes_per_token=PAPER_KV_BYTES_PER_TOKEN)
+            self._fill(
+                block_size=1,
+                num_kv_blocks=None,
+                cost_model=PAPER_COST,
+                kv_bytes_per_token=PAPER_KV_BYTES_PER_TOKEN,
+            )
             if self.num_kv_blocks is None:
                 s(self, "num_kv_blocks", -(-PAPER_KV_TOKENS // self.block_size))
         elif self.preset is not None:
@@ -85,7 +89,9 @@ class EngineConfig:
         else:
             self._fill(block_size=16, num_kv_blocks=None, cost_model=None, kv_bytes_per_token=None)
             if self.cost_model is None or self.num_kv_blocks is None:
-                raise ValueError("EngineConfig(preset=None) needs both cost_model= and num_kv_blocks=")
+                raise ValueError(
+                    "EngineConfig(preset=None) needs both cost_model= and num_kv_blocks="
+                )
         self._validate()
 
     def _fill(self, **defaults: object) -> None:
@@ -99,18 +105,27 @@ class EngineConfig:
 
         model_name, gpu_name, tp = parse_preset(preset)
         if model_name not in MODELS:
-            raise ValueError(f"EngineConfig.preset={preset!r}: unknown model {model_name!r}; "
-                             f"known: {', '.join(sorted(MODELS))}")
+            raise ValueError(
+                f"EngineConfig.preset={preset!r}: unknown model {model_name!r}; "
+                f"known: {', '.join(sorted(MODELS))}"
+            )
         if gpu_name not in GPUS:
-            raise ValueError(f"EngineConfig.preset={preset!r}: unknown GPU {gpu_name!r}; "
-                             f"known: {', '.join(sorted(GPUS))}")
+            raise ValueError(
+                f"EngineConfig.preset={preset!r}: unknown GPU {gpu_name!r}; "
+                f"known: {', '.join(sorted(GPUS))}"
+            )
         model = MODELS[model_name]
         self._fill(block_size=16, kv_bytes_per_token=model.kv_bytes_per_token)
         if self.cost_model is None:
             object.__setattr__(self, "cost_model", RooflineCostModel.from_preset(preset))
         if self.num_kv_blocks is None:
-            blocks = kv_cache_blocks(model, GPUS[gpu_name], tp, block_size=self.block_size,
-                                     gpu_memory_utilization=self.gpu_memory_utilization)
+            blocks = kv_cache_blocks(
+                model,
+                GPUS[gpu_name],
+                tp,
+                block_size=self.block_size,
+                gpu_memory_utilization=self.gpu_memory_utilization,
+            )
             object.__setattr__(self, "num_kv_blocks", blocks)
 
     def _validate(self) -> None:

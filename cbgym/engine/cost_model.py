@@ -76,7 +76,9 @@ class LinearCostModel:
             if getattr(self, name) < 0:
                 raise ValueError(f"LinearCostModel.{name} must be >= 0, got {getattr(self, name)}")
         if self.prefill_base_s is not None and self.prefill_base_s < 0:
-            raise ValueError(f"LinearCostModel.prefill_base_s must be >= 0, got {self.prefill_base_s}")
+            raise ValueError(
+                f"LinearCostModel.prefill_base_s must be >= 0, got {self.prefill_base_s}"
+            )
         if self.host_link_bytes_per_s <= 0:
             raise ValueError("LinearCostModel.host_link_bytes_per_s must be > 0")
 

@@ -21,7 +21,7 @@ import numpy as np
 from cbgym.engine.config import EngineConfig
 from cbgym.engine.cost_model import BatchStats
 from cbgym.engine.decision import FCFS_DECISION, Decision, DecisionPoint
-from cbgym.engine.kv_cache import BlockManager, cdiv
+from cbgym.engine.kv_cache import BlockManager
 from cbgym.engine.recorder import Recorder
 from cbgym.engine.requests import RequestTable, Status
 from cbgym.workload.trace import Trace

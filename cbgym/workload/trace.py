@@ -66,10 +66,14 @@ class Trace:
             cols["slo_class"] = np.asarray(slo_class).reshape(-1)
         for col, values in cols.items():
             if values.size != n:
-                raise ValueError(f"Trace.from_arrays: {col} has {values.size} entries, arrival_s {n}")
+                raise ValueError(
+                    f"Trace.from_arrays: {col} has {values.size} entries, arrival_s {n}"
+                )
         bad = np.flatnonzero(~np.isfinite(arrival))
         if bad.size:
-            raise ValueError(f"Trace.from_arrays: arrival_s[{bad[0]}] is {arrival[bad[0]]}; expected finite")
+            raise ValueError(
+                f"Trace.from_arrays: arrival_s[{bad[0]}] is {arrival[bad[0]]}; expected finite"
+            )
         if n > 1:
             back = np.flatnonzero(np.diff(arrival) < 0)
             if back.size:
@@ -81,10 +85,13 @@ class Trace:
         for col in ("prompt_tokens", "output_tokens"):
             values = cols[col]
             as_float = values.astype(np.float64)
-            bad = np.flatnonzero(~np.isfinite(as_float) | (as_float < 1) | (as_float != np.round(as_float)))
+            bad = np.flatnonzero(
+                ~np.isfinite(as_float) | (as_float < 1) | (as_float != np.round(as_float))
+            )
             if bad.size:
                 raise ValueError(
-                    f"Trace.from_arrays: {col}[{bad[0]}] is {values[bad[0]]}; expected an integer >= 1"
+                    f"Trace.from_arrays: {col}[{bad[0]}] is {values[bad[0]]}; "
+                    "expected an integer >= 1"
                 )
         if rebase and n:
             arrival = arrival - arrival[0]
@@ -92,7 +99,9 @@ class Trace:
         for key, values in (extra or {}).items():
             arr = np.asarray(values, dtype=object if np.asarray(values).dtype == object else None)
             if len(arr) != n:
-                raise ValueError(f"Trace.from_arrays: extra[{key!r}] has {len(arr)} entries, expected {n}")
+                raise ValueError(
+                    f"Trace.from_arrays: extra[{key!r}] has {len(arr)} entries, expected {n}"
+                )
             arr = arr.copy()
             arr.flags.writeable = False
             extra_cols[key] = arr
@@ -114,14 +123,17 @@ class Trace:
     def __getitem__(self, index: slice) -> Trace:
         """A window of requests by position, e.g. ``trace[1000:3000]`` (arrivals rebased to 0)."""
         if not isinstance(index, slice):
-            raise TypeError("Trace supports slicing by request window (trace[a:b]); use .select for masks")
+            raise TypeError(
+                "Trace supports slicing by request window (trace[a:b]); use window() or between()"
+            )
         return self._take(index)
 
     def window(self, start: int, count: int) -> Trace:
         """``count`` consecutive requests starting at request ``start`` (rebased to t=0)."""
         if start < 0 or count < 1 or start + count > len(self):
             raise ValueError(
-                f"Trace.window: start={start}, count={count} outside a trace of {len(self)} requests"
+                f"Trace.window: start={start}, count={count} outside a trace of "
+                f"{len(self)} requests"
             )
         return self._take(slice(start, start + count))
 
@@ -133,15 +145,25 @@ class Trace:
     def with_arrivals(self, arrival_s: np.ndarray, name: str | None = None) -> Trace:
         """The same requests with new arrival times (used by load scaling)."""
         return Trace.from_arrays(
-            arrival_s, self.prompt_tokens, self.output_tokens, self.tenant, self.slo_class,
-            name=name or self.name, extra=self.extra, rebase=False,
+            arrival_s,
+            self.prompt_tokens,
+            self.output_tokens,
+            self.tenant,
+            self.slo_class,
+            name=name or self.name,
+            extra=self.extra,
+            rebase=False,
         )
 
     def _take(self, index: slice) -> Trace:
         arrival = self.arrival_s[index]
         return Trace.from_arrays(
-            arrival, self.prompt_tokens[index], self.output_tokens[index],
-            self.tenant[index], self.slo_class[index], name=self.name,
+            arrival,
+            self.prompt_tokens[index],
+            self.output_tokens[index],
+            self.tenant[index],
+            self.slo_class[index],
+            name=self.name,
             extra={k: v[index] for k, v in self.extra.items()},
         )
 
@@ -160,5 +182,6 @@ class Trace:
             return f"Trace(name={self.name!r}, 0 requests)"
         return (
             f"Trace(name={self.name!r}, {len(self)} requests over {self.duration_s:.1f} s, "
-            f"mean prompt {self.prompt_tokens.mean():.0f}, mean output {self.output_tokens.mean():.0f})"
+            f"mean prompt {self.prompt_tokens.mean():.0f}, "
+            f"mean output {self.output_tokens.mean():.0f})"
         )
