@@ -16,9 +16,10 @@ UNIT_COST = LinearCostModel(base_s=1.0, prefill_per_token_s=0.0, decode_per_seq_
 
 
 def make_config(**kw: object) -> EngineConfig:
-    """An engine with no hardware preset: linear cost model and a given block count."""
+    """An engine with a given block count; without a preset, a linear cost model."""
     kw.setdefault("preset", None)
-    kw.setdefault("cost_model", LinearCostModel())
+    if kw["preset"] is None:
+        kw.setdefault("cost_model", LinearCostModel())
     kw.setdefault("num_kv_blocks", 1000)
     return EngineConfig(**kw)  # type: ignore[arg-type]
 

@@ -33,7 +33,7 @@ configs = st.fixed_dictionaries({
     "max_num_batched_tokens": st.sampled_from([16, 64, 512]),
     "chunked_prefill": st.booleans(),
     "preemption": st.sampled_from(["recompute", "swap"]),
-    "preset": st.sampled_from([None, None, "cbsjf-paper"]),
+    "preset": st.sampled_from([None, None, "cbsjf-paper", "llama-2-7b/a100-80gb"]),
 })
 
 

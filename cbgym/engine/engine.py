@@ -548,7 +548,8 @@ class Engine:
             return False
         if self.waiting and not self._head_blocked(plan):
             return False
-        k_max = int((req.output[plan.ids] - req.generated[plan.ids]).min())
+        k_finish = int((req.output[plan.ids] - req.generated[plan.ids]).min())
+        k_max = k_finish
         if self.config.max_model_len is not None:
             room = self.config.max_model_len - req.tokens[plan.ids]
             k_max = min(k_max, int(room.min()))
@@ -572,6 +573,8 @@ class Engine:
         if k_max < 2:
             return False
         self._apply_stretch(plan, k_max, starts[:k_max], dt[:k_max], need[:k_max])
+        if k_max == k_finish or self.config.max_model_len is not None:
+            self._retire(plan.ids)
         return True
 
     def _head_blocked(self, plan: _RunningPlan) -> bool:
@@ -614,8 +617,8 @@ class Engine:
         req.computed[ids] += k
         req.generated[ids] += k
         req.tokens[ids] += k
-        if not self.paper:
-            self.kv.grow_many(ids, req.computed[ids])
+        if not self.paper:  # decoding requests hold exactly the blocks their computed tokens need
+            self.kv.set_held(ids, -(-req.computed[ids] // self.kv.block_size), int(need[-1]))
         n = len(ids)
         cols = np.empty((k, 9))
         cols[:, 0], cols[:, 1] = starts, dt
@@ -628,4 +631,3 @@ class Engine:
         self.now = float(starts[-1] + dt[-1])
         self.last_iteration_s = float(dt[-1])
         self._plan = None
-        self._retire(ids)

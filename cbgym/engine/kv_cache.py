@@ -56,6 +56,12 @@ class BlockManager:
         self.held[ids] += need
         self.free -= total
 
+    def set_held(self, ids: np.ndarray, held: np.ndarray, added: int) -> None:
+        """Requests ``ids`` now hold ``held`` blocks, ``added`` more than before in total."""
+        assert added <= self.free, "KV blocks over-committed"
+        self.held[ids] = held
+        self.free -= added
+
     def free_request(self, rid: int) -> int:
         """Release everything ``rid`` holds; returns the number of blocks released."""
         n = int(self.held[rid])

@@ -188,18 +188,19 @@ class RooflineCostModel:
         return cls(MODELS[model_name], GPUS[gpu_name], tp, **overrides)
 
     def iteration_time(self, stats: BatchStats) -> Number:
-        """Seconds for one iteration (an array when any stats field is an array)."""
+        """Seconds for one iteration (an array when any stats field is an array).
+
+        Terms are added in one fixed order whether they are floats or arrays, so pricing a
+        stretch of iterations as arrays gives bit-for-bit the times of pricing them one by one.
+        """
         tokens = stats.prefill_tokens + stats.decode_seqs
-        pairs = stats.attn_q_ctx + stats.attn_q_sq
-        kv = stats.kv_tokens
         rows = stats.sampled_seqs
-        if isinstance(tokens + pairs + kv + rows + stats.num_seqs + stats.swap_bytes, np.ndarray):
-            return self._total(self.breakdown(stats))
+        pairs = stats.attn_q_ctx + stats.attn_q_sq
         return (
-            max(self._lin_per_token * tokens, self._lin_weights)
-            + max(self._lm_per_row * rows, self._lm_weights * min(rows, 1))
-            + max(self._att_per_pair * pairs, self._att_per_kv_token * kv)
-            + max(self._elem_per_token * tokens, self._elem_floor)
+            _max(self._lin_per_token * tokens, self._lin_weights)
+            + _max(self._lm_per_row * rows, self._lm_weights * _min(rows, 1))
+            + _max(self._att_per_pair * pairs, self._att_per_kv_token * stats.kv_tokens)
+            + _max(self._elem_per_token * tokens, self._elem_floor)
             + self._ar_fixed
             + self._ar_per_token * tokens
             + self.cpu_overhead_s
@@ -227,10 +228,19 @@ class RooflineCostModel:
             "swap": self._swap_per_byte * stats.swap_bytes,
         }
 
-    @staticmethod
-    def _total(parts: dict[str, Number]) -> Number:
-        total = parts["linear"] + parts["lm_head"] + parts["attention"] + parts["elementwise"]
-        return total + parts["allreduce"] + parts["cpu"] + parts["swap"]
+
+
+def _max(a: Number, b: Number) -> Number:
+    """max for floats, elementwise maximum as soon as either side is an array."""
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        return np.maximum(a, b)
+    return a if a >= b else b
+
+
+def _min(a: Number, b: Number) -> Number:
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        return np.minimum(a, b)
+    return a if a <= b else b
 
 
 def _parse_tp(part: str, name: str) -> int:
