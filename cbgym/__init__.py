@@ -1,6 +1,7 @@
 """cbgym: a trace-driven LLM-serving scheduler simulator and Gymnasium environment."""
 
 from cbgym.engine import Decision, DecisionPoint, EngineConfig, LinearCostModel, Policy
+from cbgym.env import SchedulingEnv, SchedulingMaskedEnv, register_envs
 from cbgym.metrics import SLO, SimulationResult
 from cbgym.simulate import simulate
 from cbgym.workload.trace import Trace
@@ -9,5 +10,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     "SLO", "Decision", "DecisionPoint", "EngineConfig", "LinearCostModel", "Policy",
-    "SimulationResult", "Trace", "simulate", "__version__",
+    "SchedulingEnv", "SchedulingMaskedEnv", "SimulationResult", "Trace", "simulate",
+    "__version__",
 ]
+
+register_envs()

@@ -41,6 +41,8 @@ class DecisionPoint:
     running: np.ndarray
     # KV blocks missing to serve every running request this iteration (0 = no shortfall)
     shortfall_blocks: int
+    # new KV blocks each running request needs this iteration (aligned with ``running``)
+    running_need_blocks: np.ndarray
     free_blocks: int
     num_blocks: int
     # columns, indexed by request id (read-only)
@@ -51,8 +53,10 @@ class DecisionPoint:
     num_preemptions: np.ndarray
     tenant: np.ndarray
     slo_class: np.ndarray
-    # ids of finished requests in completion order, and their (now known) output lengths
+    # ids of finished requests in completion order (their output lengths are now known)
     finished: np.ndarray
+    # KV blocks each request holds, indexed by request id
+    kv_blocks_held: np.ndarray
     # duration of the previous iteration (s)
     last_iteration_s: float
     # total preemptions so far

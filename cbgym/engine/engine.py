@@ -33,7 +33,9 @@ IDLE_TICK_S = 0.01
 MAX_IDLE_TICKS = 1_000_000
 
 
-CONSULT_MODES = ("on_change", "on_completion", "every_iteration")
+CONSULT_MODES = ("on_change", "on_completion", "every_iteration", "always")
+_VIEWS = ("arrival_s", "prompt", "computed", "generated", "preemptions", "tenant", "slo_class",
+          "finish_order")
 
 
 class InvalidDecisionError(ValueError):
@@ -81,7 +83,9 @@ class Engine:
         self.recorder = Recorder(record_iterations)
         if consult not in CONSULT_MODES:
             raise ValueError(f"Engine consult={consult!r}: expected one of {CONSULT_MODES}")
-        self.consult_every_iteration = consult == "every_iteration"
+        self.consult_every_iteration = consult in ("every_iteration", "always")
+        # "always": stop before every iteration, even with nothing to decide (no skipping)
+        self.consult_always = consult == "always"
         self.consult_on_completion = consult == "on_completion"
         self.fast_forward = fast_forward
         self.paper = config.paper_mode
@@ -101,12 +105,27 @@ class Engine:
         self._pending: DecisionPoint | None = None
         self._plan: _RunningPlan | None = None
         self._idle_ticks = 0
-        # read-only views handed to policies (made once: the columns are updated in place)
-        self._views = {name: self.req.readonly(getattr(self.req, name)) for name in (
-            "arrival_s", "prompt", "computed", "generated", "preemptions", "tenant",
-            "slo_class", "finish_order")}
+        self._views = self._make_views()
         self._swap_bytes = 0
         self._preempted_now = 0
+
+    def _make_views(self) -> dict[str, np.ndarray]:
+        """Read-only views handed to policies (made once: the columns are updated in place)."""
+        views = {name: self.req.readonly(getattr(self.req, name)) for name in _VIEWS}
+        views["held"] = self.req.readonly(self.kv.held)
+        return views
+
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        del state["_views"]  # views would unpickle as detached copies of the columns
+        state["_pending"] = None if self._pending is None else True
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._views = self._make_views()
+        if self._pending is not None:  # rebuild the pending decision point on the new columns
+            self._pending = self._decision_point(self._running_plan())
 
     # ------------------------------------------------------------------ the door
     def next_decision(self) -> DecisionPoint | None:
@@ -121,7 +140,8 @@ class Engine:
                 self.now = max(self.now, float(self.req.arrival_s[self._next_arrival]))
                 continue
             plan = self._running_plan()
-            asks = self.waiting and (self.consult_every_iteration or self._changed)
+            asks = self.consult_always or (
+                self.waiting and (self.consult_every_iteration or self._changed))
             if plan.shortfall > 0 or asks:
                 self._pending = self._decision_point(plan)
                 return self._pending
@@ -215,6 +235,7 @@ class Engine:
             waiting=np.fromiter(self.waiting, np.int64, len(self.waiting)),
             running=plan.ids.copy(),
             shortfall_blocks=plan.shortfall,
+            running_need_blocks=self.req.readonly(plan.need),
             free_blocks=self.kv.free,
             num_blocks=self.kv.num_blocks,
             arrival_s=ro["arrival_s"],
@@ -225,6 +246,7 @@ class Engine:
             tenant=ro["tenant"],
             slo_class=ro["slo_class"],
             finished=ro["finish_order"][: req.num_finished],
+            kv_blocks_held=ro["held"],
             last_iteration_s=self.last_iteration_s,
             total_preemptions=self.total_preemptions,
             config=self.config,

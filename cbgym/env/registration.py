@@ -1,0 +1,28 @@
+"""Registration of the environment ids with Gymnasium (called when ``cbgym`` is imported).
+
+Gymnasium 1.x ignores plugin entry points, so ``cbgym/__init__.py`` calls :func:`register_envs`;
+``gymnasium.make("cbgym:cbgym/Scheduling-v0")`` imports ``cbgym`` first and works in fresh
+processes (async vector workers) too.
+"""
+
+from __future__ import annotations
+
+import gymnasium as gym
+
+__all__ = ["ENV_IDS", "register_envs"]
+
+ENV_IDS = {
+    "cbgym/Scheduling-v0": "cbgym.env.scheduling_env:SchedulingEnv",
+    "cbgym/SchedulingMasked-v0": "cbgym.env.scheduling_env:SchedulingMaskedEnv",
+}
+
+
+def register_envs() -> None:
+    """Register every cbgym environment id (idempotent).
+
+    No ``max_episode_steps`` is registered: episodes end when the trace window drains; pass
+    ``max_steps=`` (the env's own truncation) or ``gym.make(..., max_episode_steps=N)``.
+    """
+    for env_id, entry_point in ENV_IDS.items():
+        if env_id not in gym.registry:
+            gym.register(id=env_id, entry_point=entry_point)

@@ -1,0 +1,651 @@
+"""The Gymnasium environment: schedule a simulated vLLM-style serving instance.
+
+``cbgym/Scheduling-v0`` (:class:`SchedulingEnv`) and ``cbgym/SchedulingMasked-v0``
+(:class:`SchedulingMaskedEnv`) share this implementation; they differ only in the action space.
+Encoding lives in :mod:`cbgym.env.observation`, decoding in :mod:`cbgym.env.action`, the
+reward in :mod:`cbgym.env.reward`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import gymnasium as gym
+import numpy as np
+from gymnasium import spaces
+from gymnasium.error import ResetNeeded
+
+from cbgym.engine.config import EngineConfig
+from cbgym.engine.decision import Decision, DecisionPoint
+from cbgym.engine.engine import Engine
+from cbgym.env.action import (
+    InvalidActionError,
+    MicroStepState,
+    ScoreLayout,
+    check_discrete,
+    decode_scores,
+)
+from cbgym.env.observation import ObservationEncoder, Snapshot
+from cbgym.env.reward import COMPONENTS, RewardTracker, RewardWeights, StepOutcome
+from cbgym.metrics import SLO, SimulationResult, SLOSpec, slo_arrays
+from cbgym.workload.trace import Trace
+
+__all__ = ["SchedulingEnv", "SchedulingMaskedEnv"]
+
+WindowRule = Literal["oldest", "smallest_prompt"]
+_OPTION_KEYS = frozenset({"start", "load", "trace"})
+DEFAULT_TRACE = "synthetic-conv"
+
+
+class SchedulingEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
+    """Schedule an LLM serving instance (vLLM v1 semantics), one engine iteration per step.
+
+    ## Description
+
+    A trace-driven simulated serving engine (continuous batching, chunked prefill, paged KV
+    cache, preemption by recomputation) replays a window of a request trace, rescaled to an
+    offered load. Before each engine iteration in which something can be decided (requests
+    are waiting, or the running batch needs more KV blocks than are free) the agent sees the
+    queue and the batch and chooses which waiting requests to admit, in which order, which to
+    hold back or shed, and which running requests to preempt first if memory runs out. The
+    engine then runs the iteration (running requests first, then admissions in the agent's order
+    until the token budget, ``max_num_seqs`` or memory stops it, exactly as vLLM's scheduler).
+    Iterations with nothing to decide are simulated without asking (``skip_trivial=True``).
+
+    ## Action Space
+
+    ``cbgym/Scheduling-v0``: ``Box(-1, 1, (K + R,), float32)``.
+
+    | Index        | Meaning                                                              |
+    |--------------|----------------------------------------------------------------------|
+    | 0 .. K-1     | score of waiting slot i: admitted in descending score order (ties in |
+    |              | slot order) if score >= ``hold_threshold`` (-0.5), else held back;    |
+    |              | score <= ``shed_threshold`` (-0.99) sheds the request if it has been |
+    |              | in the system longer than its TTFT target (it can no longer meet it) |
+    | K .. K+R-1   | score of running slot j: when memory runs short the lowest-scored    |
+    |              | request is preempted first (ties: most recently admitted first)      |
+    | K+R ..       | reserved: deflection scores of the disaggregated variant (appended)  |
+
+    Scores of empty slots are ignored. Requests outside the visible window are held back.
+    Actions outside [-1, 1], NaN or of the wrong shape raise :class:`InvalidActionError`
+    (a ``gymnasium.error.InvalidAction`` and ``ValueError``); SB3 PPO clips its actions.
+
+    ``cbgym/SchedulingMasked-v0``: ``Discrete(K + R + 1)`` micro-steps. Outside a memory
+    shortfall, index i < K admits waiting slot i next (appending to the admission order) and
+    index K + R (STOP) runs the iteration; it also runs once every visible waiting slot has been
+    chosen. On a shortfall only running slots are allowed: each step names the next victim
+    (index K + j), and the iteration runs once the chosen victims would free the missing
+    blocks (or every visible running slot is chosen). This variant has no shed action.
+    ``action_masks()`` (int8, safe before
+    ``reset``: STOP only) and ``info["action_mask"]`` give the allowed indices.
+
+    ## Observation Space
+
+    A ``Dict`` of 1-D float32 boxes (``gymnasium.wrappers.FlattenObservation`` or
+    :class:`cbgym.env.wrappers.FlattenSchedulingObservation` flattens it, keys in sorted order:
+    global, running, running_mask, waiting, waiting_mask). Scalings: *count* =
+    ``log2(1 + x) / 24`` (exactly invertible by rounding below 10**6), *time* =
+    ``log2(1 + t / 1 ms) / 32`` (t in seconds), *mean* = ``x / 1024`` (exact).
+
+    ``global`` (36):
+
+    | Num | Observation              | Min | Max | Scaling  |
+    |-----|--------------------------|-----|-----|----------|
+    | 0   | num_waiting              | 0   | 1   | count    |
+    | 1   | num_running              | 0   | 1   | count    |
+    | 2   | waiting_prompt_tokens    | 0   | 1   | count    |
+    | 3   | running_prompt_tokens    | 0   | 1   | count    |
+    | 4   | running_computed_tokens  | 0   | 1   | count    |
+    | 5   | kv_usage                 | 0   | 1   | fraction |
+    | 6   | free_blocks              | 0   | 1   | count    |
+    | 7   | total_preemptions        | 0   | 1   | count    |
+    | 8   | arrival_rate (req/s)     | 0   | 1   | count    |
+    | 9   | sim_time                 | 0   | 1   | time     |
+    | 10  | last_iteration_time      | 0   | 1   | time     |
+    | 11  | shortfall_blocks         | 0   | 1   | count    |
+    | 12  | token_budget             | 0   | 1   | count    |
+    | 13  | budget_left              | 0   | 1   | count    |
+    | 14  | seq_slots_left           | 0   | 1   | count    |
+    | 15  | num_waiting_hidden       | 0   | 1   | count    |
+    | 16  | shortfall_phase          | 0   | 1   | flag     |
+    | 17  | num_chosen               | 0   | 1   | count    |
+    | 18-25 | recent_output_mean_0..7 | 0  | 256 | mean     |
+    | 26-33 | recent_output_seen_0..7 | 0  | 1   | flag     |
+    | 34  | recent_output_mean_all   | 0   | 256 | mean     |
+    | 35  | recent_output_seen_all   | 0   | 1   | flag     |
+
+    ``arrival_rate`` is m / max(now - t_(a-m), 1 ms) over the last m = min(32, a) of the a
+    arrivals so far. ``budget_left`` is the token budget minus what the running batch takes this
+    iteration. ``recent_output_mean_b`` is the mean output length of the last 512 completions
+    whose prompt falls in bucket b (edges 128, 256, ..., 8192; 0 and ``seen`` = 0 while
+    empty): completed requests' lengths are observed facts, so this stays content-blind.
+
+    ``waiting`` (K x 8, slot-major: ``reshape(K, 8)``) and ``running`` (R x 8), one row per
+    slot, zeros for empty slots (``waiting_mask`` / ``running_mask`` say which are filled):
+
+    | Num | Observation      | Min | Max | Scaling |
+    |-----|------------------|-----|-----|---------|
+    | 0   | prompt_tokens    | 0   | 1   | count   |
+    | 1   | num_computed     | 0   | 1   | count   |
+    | 2   | num_generated    | 0   | 1   | count   |
+    | 3   | time_in_system   | 0   | 1   | time    |
+    | 4   | num_preemptions  | 0   | 1   | count   |
+    | 5   | tenant           | 0   | 1   | count   |
+    | 6   | slo_class        | 0   | 1   | count   |
+    | 7   | chosen           | 0   | 1   | flag    |
+
+    Waiting slots follow ``window_rule``: ``"oldest"`` shows the first K requests in queue order
+    (re-queued preempted requests first, then by arrival); ``"smallest_prompt"`` the K with the
+    fewest prompt tokens, shown in queue order. Running slots show the R most recently admitted
+    requests in admission order (vLLM's default victims are the most recent). Never observed:
+    prompt content, true output lengths (oracles read them through
+    :meth:`privileged_true_output_tokens`, never part of obs or info).
+
+    ## Rewards
+
+    +1 for each request that finishes in the step meeting both its TTFT and TPOT SLO (goodput).
+    Optional shaping, off by default (weights 0): ``ttft_miss_weight`` x (minus requests whose
+    TTFT deadline passed unmet in the step), ``shed_weight`` x (minus requests shed), and
+    ``latency_weight`` x (minus the integral of requests in system over the step, which sums to
+    minus the total latency: Little's law). Each component is in ``info["reward_components"]``.
+
+    ## Starting State
+
+    ``reset`` picks ``episode_requests`` consecutive requests of the trace (start uniform from
+    ``np_random`` within ``window_start_range``, or fixed by ``options["start"]``), rescales
+    their arrivals to the offered load (``load``: a float, a (lo, hi) range drawn per episode, or
+    None to keep the trace's clock) and advances to the first decision point.
+
+    ## Episode End
+
+    1. Termination: every request of the window has finished or been shed.
+    2. Truncation: after ``max_steps`` steps (if set). ``gym.make(..., max_episode_steps=N)``
+       adds Gymnasium's ``TimeLimit`` instead; neither id registers a default limit.
+
+    ## Info
+
+    ``reward_components`` (dict of floats: goodput, ttft_miss, shed, latency),
+    ``engine_iterations`` and ``sim_time_elapsed`` (what the step covered), ``sim_time_s``,
+    ``num_finished``, ``num_good``, ``num_shed`` (in the step), ``waiting_time_in_system_s``
+    (K float64, exact, 0 for empty slots) and, for the masked variant, ``action_mask`` and
+    ``invalid_action``.
+
+    ## Arguments
+
+    | Parameter          | Default          | Description                                   |
+    |--------------------|------------------|-----------------------------------------------|
+    | trace              | "synthetic-conv" | Trace, or a name for ``load_trace``           |
+    | load               | 0.9              | offered load rho: float, (lo, hi) or None     |
+    | engine             | EngineConfig()   | the serving instance (EngineConfig)           |
+    | episode_requests   | 512              | requests per episode (int)                    |
+    | window_start_range | None (all)       | (lo, hi): request range the window lies in    |
+    | slo                | SLO()            | TTFT / TPOT targets, or {SLO class: SLO}      |
+    | K, R               | 16, 32           | waiting / running slots (int)                 |
+    | window_rule        | "oldest"         | or "smallest_prompt": visible waiting slots   |
+    | skip_trivial       | True             | do not stop when nothing can be decided       |
+    | hold_threshold     | -0.5             | scores below it hold a request back           |
+    | shed_threshold     | -0.99            | scores at or below it shed late ones (None)   |
+    | ttft_miss_weight   | 0.0              | shaping weight of ``ttft_miss``               |
+    | shed_weight        | 0.0              | shaping weight of ``shed``                    |
+    | latency_weight     | 0.0              | shaping weight of ``latency``                 |
+    | max_steps          | None             | truncate after this many steps (int)          |
+    | capacity_rps       | None (measured)  | service rate mu used for load scaling         |
+    | invalid_action     | "raise"          | masked variant: "raise" or "noop" on a masked |
+    | render_mode        | None             | or "ansi"                                     |
+
+    The service rate mu is measured once per base trace (``measure_capacity``: its first 4,000
+    requests released at t=0, served FCFS; lru-cached per process) and reused for every
+    window, so ``load`` is relative to the trace-wide capacity, as in the CB-SJF-Work study.
+
+    ## Version History
+
+    * v0: initial version.
+
+    Example:
+        >>> import gymnasium as gym, numpy as np
+        >>> import cbgym
+        >>> from cbgym import EngineConfig, LinearCostModel, Trace
+        >>> trace = Trace.from_arrays(np.arange(64) * 0.05, [300] * 64, [20] * 64)
+        >>> cfg = EngineConfig(preset=None, cost_model=LinearCostModel(), num_kv_blocks=512)
+        >>> env = gym.make("cbgym/Scheduling-v0", trace=trace, engine=cfg, episode_requests=32)
+        >>> obs, info = env.reset(seed=0)
+        >>> sorted(obs)
+        ['global', 'running', 'running_mask', 'waiting', 'waiting_mask']
+        >>> env.action_space
+        Box(-1.0, 1.0, (48,), float32)
+        >>> obs, reward, terminated, truncated, info = env.step(env.action_space.sample())
+        >>> sorted(info["reward_components"])
+        ['goodput', 'latency', 'shed', 'ttft_miss']
+    """
+
+    metadata = {"render_modes": ["ansi"], "render_fps": 4}
+
+    def __init__(
+        self,
+        trace: Trace | str | None = None,
+        load: float | tuple[float, float] | None = 0.9,
+        engine: EngineConfig | None = None,
+        episode_requests: int = 512,
+        window_start_range: tuple[int, int] | None = None,
+        slo: SLOSpec | None = None,
+        K: int = 16,
+        R: int = 32,
+        window_rule: WindowRule = "oldest",
+        skip_trivial: bool = True,
+        hold_threshold: float = -0.5,
+        shed_threshold: float | None = -0.99,
+        ttft_miss_weight: float = 0.0,
+        shed_weight: float = 0.0,
+        latency_weight: float = 0.0,
+        max_steps: int | None = None,
+        capacity_rps: float | None = None,
+        masked: bool = False,
+        invalid_action: Literal["raise", "noop"] = "raise",
+        render_mode: str | None = None,
+    ) -> None:
+        if invalid_action not in ("raise", "noop"):
+            raise ValueError(f"invalid_action={invalid_action!r}: expected 'raise' or 'noop'")
+        _check_args(K, R, episode_requests, window_rule, hold_threshold, shed_threshold,
+                    max_steps, render_mode, self.metadata["render_modes"])
+        self._trace_arg = DEFAULT_TRACE if trace is None else trace
+        self._base: Trace | None = trace if isinstance(trace, Trace) else None
+        self.load = _check_load(load)
+        self.config = engine if engine is not None else EngineConfig()
+        self.episode_requests = episode_requests
+        self.window_start_range = window_start_range
+        self.slo: SLOSpec = slo if slo is not None else SLO()
+        self.K, self.R = K, R
+        self.window_rule = window_rule
+        self.skip_trivial = skip_trivial
+        self.hold_threshold = hold_threshold
+        self.shed_threshold = shed_threshold
+        self.weights = RewardWeights(ttft_miss_weight, shed_weight, latency_weight)
+        self.max_steps = max_steps
+        self.capacity_rps = capacity_rps
+        self.masked = masked
+        self.invalid_action = invalid_action
+        self.render_mode = render_mode
+        self.layout = ScoreLayout(K, R)
+        self.STOP = K + R
+        self.action_space: spaces.Space = (
+            spaces.Discrete(K + R + 1) if masked
+            else spaces.Box(-1.0, 1.0, (self.layout.size,), np.float32))
+        budget = self.config.max_num_batched_tokens
+        self._encoder = ObservationEncoder(K, R, budget, self.config.max_num_seqs)
+        self.observation_space = self._encoder.space
+        self._tracker = RewardTracker(self.weights)
+        self._engine: Engine | None = None
+        self._episode: Trace | None = None
+        self._dp: DecisionPoint | None = None
+        self._micro: MicroStepState | None = None
+        self._capacity: tuple[Trace, float] | None = None
+        self._done = True
+        self._steps = 0
+        self._last_iteration = 0
+        self._w_ids = self._r_ids = np.empty(0, np.int64)
+        self.episode_start = 0
+
+    # ------------------------------------------------------------------ episode
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        """Start an episode.
+
+        Args:
+            seed: seeds ``np_random`` (window start and load draws).
+            options: ``{"start": int}`` fixes the window's first request, ``{"load": float or
+                None}`` the offered load, ``{"trace": Trace}`` replaces the base trace for this
+                episode. Fixing start and load gives common random numbers across agents.
+        """
+        super().reset(seed=seed)
+        options = dict(options or {})
+        unknown = set(options) - _OPTION_KEYS
+        if unknown:
+            raise ValueError(f"reset(options=...): unknown keys {sorted(unknown)}; "
+                             f"known: {sorted(_OPTION_KEYS)}")
+        base = options["trace"] if "trace" in options else self.base_trace
+        if not isinstance(base, Trace):
+            raise TypeError(f"options['trace'] must be a Trace, got {type(base).__name__}")
+        window = self._window(base, options.get("start"))
+        load = options["load"] if "load" in options else self._draw_load()
+        if load is not None:
+            from cbgym.workload.scaling import scale_to_load
+
+            window = scale_to_load(window, float(load), self.config,
+                                   capacity_rps=self._capacity_of(base))
+        self._start_episode(window)
+        return self._observation(), self._info(None)
+
+    def _start_episode(self, window: Trace) -> None:
+        self._episode = window
+        # NOTE: "every_iteration" makes the engine stop at every iteration where a request
+        # waits or memory runs short; it only skips (and fast-forwards) the rest.
+        consult = "every_iteration" if self.skip_trivial else "always"
+        self._engine = Engine(window, self.config, consult=consult)
+        req = self._engine.req
+        ttft, tpot = slo_arrays(self.slo, req.slo_class)
+        self._ttft_target = ttft
+        self._tracker.start(req, ttft, tpot)
+        self._encoder.start_episode(req.arrival_s, req.prompt, req.tenant, req.slo_class)
+        self._steps = 0
+        self._last_iteration = 0
+        self._done = False
+        self._advance()
+
+    @property
+    def base_trace(self) -> Trace:
+        """The trace episodes are drawn from (resolved on first use)."""
+        if self._base is None:
+            from cbgym.workload import load_trace
+
+            self._base = load_trace(str(self._trace_arg))
+        return self._base
+
+    def _window(self, base: Trace, start: int | None) -> Trace:
+        n = min(self.episode_requests, len(base))
+        lo, hi = self.window_start_range or (0, len(base))
+        lo, hi = max(int(lo), 0), min(int(hi), len(base))
+        if start is None:
+            if hi - lo < n:
+                raise ValueError(f"window_start_range=({lo}, {hi}) cannot hold "
+                                 f"{n} requests of a {len(base)}-request trace")
+            start = int(self.np_random.integers(lo, hi - n + 1))
+        elif not 0 <= int(start) <= len(base) - n:
+            raise ValueError(f"options['start']={start}: expected 0 <= start <= "
+                             f"{len(base) - n} for {n}-request windows of {len(base)} requests")
+        self.episode_start = int(start)
+        return base.window(int(start), n)
+
+    def _draw_load(self) -> float | None:
+        if isinstance(self.load, tuple):
+            return float(self.np_random.uniform(*self.load))
+        return self.load
+
+    def _capacity_of(self, base: Trace) -> float:
+        if self.capacity_rps is not None:
+            return self.capacity_rps
+        if self._capacity is not None and self._capacity[0] is base:
+            return self._capacity[1]
+        from cbgym.workload.scaling import measure_capacity
+
+        mu = measure_capacity(base, self.config)
+        self._capacity = (base, mu)
+        return mu
+
+    # ------------------------------------------------------------------ stepping
+    def step(
+        self, action: np.ndarray | int
+    ) -> tuple[dict[str, np.ndarray], float, bool, bool, dict[str, Any]]:
+        """Apply ``action`` to the pending decision; see the class docstring."""
+        if self._engine is None or self._done:
+            raise ResetNeeded("call reset() before step() (and after an episode ended)")
+        invalid = False
+        if self.masked:
+            try:
+                outcome = self._micro_step(action)
+            except InvalidActionError:
+                if self.invalid_action == "raise":
+                    raise
+                outcome, invalid = None, True
+        else:
+            outcome = self._run(self._decode(action))
+        self._steps += 1
+        terminated = self._dp is None
+        truncated = not terminated and self.max_steps is not None and self._steps >= self.max_steps
+        self._done = terminated or truncated
+        reward = outcome.reward if outcome is not None else 0.0
+        info = self._info(outcome)
+        if self.masked:
+            info["invalid_action"] = invalid
+        return self._observation(), reward, terminated, truncated, info
+
+    def _decode(self, action: object) -> Decision:
+        dp = self._dp
+        assert dp is not None
+        w_ids = self._w_ids
+
+        def late() -> np.ndarray:
+            return dp.now - dp.arrival_s[w_ids] > self._ttft_target[w_ids]
+
+        return decode_scores(action, self.layout, w_ids, self._r_ids, self.hold_threshold,
+                             self.shed_threshold, late, dp.shortfall_blocks > 0)
+
+    def _micro_step(self, action: object) -> StepOutcome | None:
+        ms = self._micro
+        assert ms is not None
+        K, R = self.K, self.R
+        i = check_discrete(action, ms.mask(K, R), lambda j: ms.describe(j, K, R))
+        if i == self.STOP:
+            return self._run(ms.decision(self._w_ids, self._r_ids))
+        if i < K:
+            ms.chosen_w.append(i)
+        else:
+            ms.chosen_r.append(i - K)
+        if ms.ready():
+            return self._run(ms.decision(self._w_ids, self._r_ids))
+        return None
+
+    def _run(self, decision: Decision) -> StepOutcome:
+        """Run the pending iteration under ``decision`` and advance to the next decision."""
+        eng = self._engine
+        assert eng is not None
+        eng.decide(decision)
+        self._advance()
+        return self._tracker.update(eng.now)
+
+    def _advance(self) -> None:
+        """Move to the next decision point and fix its visible windows."""
+        eng = self._engine
+        assert eng is not None
+        dp = self._dp = eng.next_decision()
+        if dp is None:
+            self._w_ids = self._r_ids = np.empty(0, np.int64)
+            self._micro = None
+            return
+        self._w_ids = self._visible_waiting(dp)
+        self._r_ids = dp.running[-self.R:]
+        if self.masked:
+            frees = self._victim_frees(dp) if dp.shortfall_blocks > 0 else np.empty(0, np.int64)
+            self._micro = MicroStepState(dp.shortfall_blocks, len(self._w_ids),
+                                         len(self._r_ids), frees)
+
+    def _visible_waiting(self, dp: DecisionPoint) -> np.ndarray:
+        waiting = dp.waiting
+        if len(waiting) <= self.K:
+            return waiting
+        if self.window_rule == "oldest":
+            return waiting[: self.K]
+        pick = np.argsort(dp.prompt_tokens[waiting], kind="stable")[: self.K]
+        pick.sort()  # shown in queue order, so equal keys keep queue order downstream
+        return waiting[pick]
+
+    def _victim_frees(self, dp: DecisionPoint) -> np.ndarray:
+        """Blocks each visible running request would free if preempted now (held + needed)."""
+        held = dp.kv_blocks_held[dp.running] + dp.running_need_blocks
+        return held[-self.R:]
+
+    # ------------------------------------------------------------------ views
+    def _observation(self) -> dict[str, np.ndarray]:
+        dp = self._dp
+        if dp is None:
+            return self._encoder.encode_empty(self._drained_snapshot())
+        ms = self._micro
+        return self._encoder.encode(dp, self._w_ids, self._r_ids,
+                                    ms.chosen_w if ms else None, ms.chosen_r if ms else None)
+
+    def _drained_snapshot(self) -> Snapshot:
+        eng = self._engine
+        assert eng is not None
+        kv = eng.kv
+        return Snapshot(
+            now=eng.now, num_waiting=0, num_running=0, waiting_prompt_tokens=0,
+            running_prompt_tokens=0, running_computed_tokens=0, free_blocks=kv.free,
+            num_blocks=kv.num_blocks, total_preemptions=eng.total_preemptions,
+            last_iteration_s=eng.last_iteration_s, shortfall_blocks=0,
+            budget_left=self.config.max_num_batched_tokens,
+            seq_slots_left=self.config.max_num_seqs, num_hidden=0)
+
+    def _info(self, outcome: StepOutcome | None) -> dict[str, Any]:
+        eng = self._engine
+        assert eng is not None
+        iterations = eng.iteration - self._last_iteration if outcome is not None else 0
+        self._last_iteration = eng.iteration if outcome is not None else self._last_iteration
+        waited = np.zeros(self.K)
+        if self._dp is not None:
+            waited[: len(self._w_ids)] = self._dp.now - self._dp.arrival_s[self._w_ids]
+        info: dict[str, Any] = {
+            "reward_components": (dict(outcome.components) if outcome is not None
+                                  else dict.fromkeys(COMPONENTS, 0.0)),
+            "engine_iterations": int(iterations),
+            "sim_time_elapsed": outcome.sim_time_elapsed if outcome is not None else 0.0,
+            "sim_time_s": float(eng.now),
+            "num_finished": outcome.num_finished if outcome is not None else 0,
+            "num_good": outcome.num_good if outcome is not None else 0,
+            "num_shed": outcome.num_shed if outcome is not None else 0,
+            "waiting_time_in_system_s": waited,
+        }
+        if self.masked:
+            info["action_mask"] = self.action_masks()
+            info["invalid_action"] = False
+        return info
+
+    def action_masks(self) -> np.ndarray:
+        """Allowed ``SchedulingMasked-v0`` actions (int8, K + R + 1); STOP only when idle.
+
+        Safe before ``reset`` and after an episode ended (MaskablePPO may ask then).
+        """
+        if not self.masked:
+            raise AttributeError("action_masks() belongs to cbgym/SchedulingMasked-v0")
+        if self._micro is None or self._done:
+            mask = np.zeros(self.K + self.R + 1, dtype=np.int8)
+            mask[self.STOP] = 1
+            return mask
+        return self._micro.mask(self.K, self.R)
+
+    # ------------------------------------------------------------------ public accessors
+    @property
+    def episode_trace(self) -> Trace:
+        """The current episode's requests, arrivals already scaled to the load."""
+        if self._episode is None:
+            raise ResetNeeded("no episode yet: call reset()")
+        return self._episode
+
+    @property
+    def engine(self) -> Engine:
+        """The current episode's engine (for inspection; stepping it directly breaks the env)."""
+        if self._engine is None:
+            raise ResetNeeded("no episode yet: call reset()")
+        return self._engine
+
+    @property
+    def decision_point(self) -> DecisionPoint | None:
+        """The pending decision point (None once the episode drained)."""
+        return self._dp
+
+    @property
+    def visible_waiting_ids(self) -> np.ndarray:
+        """Request ids of the visible waiting slots, in slot order."""
+        return self._w_ids.copy()
+
+    @property
+    def visible_running_ids(self) -> np.ndarray:
+        """Request ids of the visible running slots, in slot order."""
+        return self._r_ids.copy()
+
+    def privileged_true_output_tokens(self) -> np.ndarray:
+        """PRIVILEGED (oracles only): true output lengths of the visible waiting slots.
+
+        Shape (K,), float64, NaN for empty slots. Never part of the observation or info.
+        """
+        out = np.full(self.K, np.nan)
+        if self._episode is not None:
+            out[: len(self._w_ids)] = self._episode.output_tokens[self._w_ids]
+        return out
+
+    def privileged_episode_true_output_tokens(self) -> np.ndarray:
+        """PRIVILEGED (oracles only): true output lengths of every request of the episode."""
+        return self.episode_trace.output_tokens.copy()
+
+    def episode_result(self) -> SimulationResult:
+        """The finished episode as a :class:`~cbgym.metrics.SimulationResult`."""
+        from cbgym.simulate import collect
+
+        return collect(self.engine, self.slo, meta={"policy": "env", "load": None,
+                                                    "trace": self.episode_trace.name})
+
+    # ------------------------------------------------------------------ rendering
+    def render(self) -> str | None:
+        """A text view of the queue, the batch and KV usage (``render_mode="ansi"``)."""
+        if self.render_mode != "ansi":
+            return None
+        if self._engine is None:
+            return "SchedulingEnv: call reset()\n"
+        return _render_text(self)
+
+
+def _render_text(env: SchedulingEnv) -> str:
+    eng, dp = env.engine, env.decision_point
+    kv = eng.kv
+    head = (f"t={eng.now:9.3f}s  iteration {eng.iteration}  step {env._steps}  "
+            f"KV {kv.used}/{kv.num_blocks} blocks ({100 * kv.usage:5.1f}%)  "
+            f"preemptions {eng.total_preemptions}  finished {eng.req.num_finished}"
+            f"/{eng.req.n}")
+    if dp is None:
+        return head + "\n(drained)\n"
+    short = f"  SHORTFALL {dp.shortfall_blocks} blocks" if dp.shortfall_blocks else ""
+    lines = [head, f"waiting {len(dp.waiting)} ({len(env._w_ids)} visible){short}"]
+    cols = "  slot      id  prompt  computed  generated  in_sys_s  preempt"
+    for title, ids in (("waiting", env._w_ids), ("running", env._r_ids)):
+        lines.append(f"{title}:{cols}")
+        for slot, rid in enumerate(ids.tolist()):
+            lines.append(
+                f"{'':8}{slot:6d}{rid:8d}{int(dp.prompt_tokens[rid]):8d}"
+                f"{int(dp.num_computed[rid]):10d}{int(dp.num_generated[rid]):11d}"
+                f"{dp.now - dp.arrival_s[rid]:10.3f}{int(dp.num_preemptions[rid]):9d}")
+    return "\n".join(lines) + "\n"
+
+
+class SchedulingMaskedEnv(SchedulingEnv):
+    """``cbgym/SchedulingMasked-v0``: :class:`SchedulingEnv` with ``Discrete(K + R + 1)``
+    micro-step actions and ``action_masks()`` for sb3-contrib's MaskablePPO.
+
+    Same arguments as :class:`SchedulingEnv` (``masked`` is fixed to True); see its docstring.
+    """
+
+    def __init__(self, **kwargs: Any) -> None:
+        if "masked" in kwargs:
+            raise TypeError("SchedulingMaskedEnv is always masked; do not pass masked=")
+        super().__init__(masked=True, **kwargs)
+
+
+def _check_load(load: object) -> float | tuple[float, float] | None:
+    if load is None:
+        return None
+    if isinstance(load, tuple | list):
+        if len(load) != 2 or not 0 < float(load[0]) <= float(load[1]):
+            raise ValueError(f"load={load!r}: expected a float > 0 or (lo, hi) with 0 < lo <= hi")
+        return (float(load[0]), float(load[1]))
+    if not float(load) > 0:  # type: ignore[arg-type]
+        raise ValueError(f"load={load!r}: expected > 0")
+    return float(load)  # type: ignore[arg-type]
+
+
+def _check_args(K: int, R: int, episode_requests: int, window_rule: str, hold: float,
+                shed: float | None, max_steps: int | None, render_mode: str | None,
+                render_modes: list[str]) -> None:
+    if K < 1 or R < 1:
+        raise ValueError(f"K={K}, R={R}: need at least one waiting and one running slot")
+    if episode_requests < 2:
+        raise ValueError(f"episode_requests={episode_requests}: need at least 2")
+    if window_rule not in ("oldest", "smallest_prompt"):
+        raise ValueError(f"window_rule={window_rule!r}: expected 'oldest' or 'smallest_prompt'")
+    if not -1.0 <= hold <= 1.0:
+        raise ValueError(f"hold_threshold={hold}: expected a score in [-1, 1]")
+    if shed is not None and not -1.0 <= shed < hold:
+        raise ValueError(f"shed_threshold={shed}: expected None or a score in [-1, "
+                         f"hold_threshold={hold})")
+    if max_steps is not None and max_steps < 1:
+        raise ValueError(f"max_steps={max_steps}: expected None or >= 1")
+    if render_mode is not None and render_mode not in render_modes:
+        raise ValueError(f"render_mode={render_mode!r}: supported {render_modes}")
+
