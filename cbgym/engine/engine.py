@@ -253,32 +253,33 @@ class Engine:
         )
 
     def _validate(self, d: Decision) -> None:
-        status = self.req.status
-
-        def check(name: str, ids: object, where: Status) -> None:
-            if ids is None or len(ids) == 0:  # type: ignore[arg-type]
-                return
-            arr = np.asarray(ids, dtype=np.int64).reshape(-1)
-            if arr.min() < 0 or arr.max() >= self.req.n:
-                raise InvalidDecisionError(f"Decision.{name}: ids must be in [0, {self.req.n})")
-            wrong = arr[status[arr] != where]
-            if wrong.size:
-                raise InvalidDecisionError(
-                    f"Decision.{name}: request {wrong[0]} is {Status(status[wrong[0]]).name}, "
-                    f"expected {where.name}")
-            if np.unique(arr).size != arr.size:
-                raise InvalidDecisionError(f"Decision.{name}: ids repeat")
-
-        check("order", d.order, Status.WAITING)
-        check("shed", d.shed, Status.WAITING)
-        check("victims", d.victims, Status.RUNNING)
-        check("preempt", d.preempt, Status.RUNNING)
+        check = self._check_ids
+        check("order", d.order, WAITING)
+        check("shed", d.shed, WAITING)
+        check("victims", d.victims, RUNNING)
+        check("preempt", d.preempt, RUNNING)
         if d.priority is not None and d.order is None:
             pr = np.asarray(d.priority, dtype=np.float64)
-            if pr.shape != (len(self.waiting),) or not np.all(np.isfinite(pr)):
+            if pr.shape != (len(self.waiting),) or not np.isfinite(pr).all():
                 raise InvalidDecisionError(
                     f"Decision.priority: expected {len(self.waiting)} finite keys (one per "
                     f"waiting request), got shape {pr.shape}")
+
+    def _check_ids(self, name: str, ids: object, where: int) -> None:
+        """Every id of a Decision field must exist, once, in the state the field expects."""
+        if ids is None or len(ids) == 0:  # type: ignore[arg-type]
+            return
+        arr = np.asarray(ids, dtype=np.int64).reshape(-1)
+        if arr.min() < 0 or arr.max() >= self.req.n:
+            raise InvalidDecisionError(f"Decision.{name}: ids must be in [0, {self.req.n})")
+        status = self.req.status[arr]
+        if (status != where).any():
+            bad = int(arr[np.flatnonzero(status != where)[0]])
+            raise InvalidDecisionError(
+                f"Decision.{name}: request {bad} is {Status(self.req.status[bad]).name}, "
+                f"expected {Status(where).name}")
+        if len(set(arr.tolist())) != arr.size:
+            raise InvalidDecisionError(f"Decision.{name}: ids repeat")
 
     def _order_by_priority(self, d: Decision) -> Decision:
         waiting = np.fromiter(self.waiting, np.int64, len(self.waiting))
