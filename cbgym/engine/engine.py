@@ -642,13 +642,7 @@ class Engine:
         req.tokens[ids] += k
         if not self.paper:  # decoding requests hold exactly the blocks their computed tokens need
             self.kv.set_held(ids, -(-req.computed[ids] // self.kv.block_size), int(need[-1]))
-        n = len(ids)
-        cols = np.empty((k, 9))
-        cols[:, 0], cols[:, 1] = starts, dt
-        cols[:, 2], cols[:, 3] = len(self.waiting), n
-        cols[:, 4] = used0 + need
-        cols[:, 5], cols[:, 6], cols[:, 7], cols[:, 8] = n, 0, n, 0
-        self.recorder.stretch(cols)
+        self.recorder.stretch(starts, dt, used0 + need, len(self.waiting), len(ids))
         self.recorder.batch_stretch(self.iteration, k, ids)
         self.iteration += k
         self.now = float(starts[-1] + dt[-1])

@@ -16,7 +16,7 @@ class Recorder:
     def __init__(self, record_batches: bool) -> None:
         self.record_batches = record_batches
         self._rows: list[tuple[float, ...]] = []
-        self._chunks: list[np.ndarray] = []
+        self._chunks: list[np.ndarray | tuple] = []
         # batch log: (iteration, request id, tokens) triples and preemptions
         self._batch: list[np.ndarray] = []
         self._preempted: list[tuple[int, int]] = []
@@ -24,10 +24,12 @@ class Recorder:
     def iteration(self, row: tuple[float, ...]) -> None:
         self._rows.append(row)
 
-    def stretch(self, columns: np.ndarray) -> None:
-        """A (k, len(TIMESERIES_COLUMNS)) block of k decode-only iterations."""
+    def stretch(self, starts: np.ndarray, durations: np.ndarray, kv_used: np.ndarray,
+                num_waiting: int, num_running: int) -> None:
+        """k decode-only iterations: every running request computes one token, nobody waits
+        admitted, nobody preempted. Expanded into rows only when the time series is read."""
         self._flush()
-        self._chunks.append(columns)
+        self._chunks.append((starts, durations, kv_used, num_waiting, num_running))
 
     def batch(self, iteration: int, ids: np.ndarray, tokens: np.ndarray) -> None:
         if self.record_batches:
@@ -54,7 +56,7 @@ class Recorder:
         self._flush()
         if not self._chunks:
             return np.empty((0, len(TIMESERIES_COLUMNS)))
-        merged = np.concatenate(self._chunks)
+        merged = np.concatenate([_expand(c) for c in self._chunks])
         self._chunks = [merged]
         return merged
 
@@ -62,3 +64,16 @@ class Recorder:
         """(iteration, request id, tokens) rows and (iteration, request id) preemptions."""
         log = np.concatenate(self._batch) if self._batch else np.empty((0, 3), np.int64)
         return log.astype(np.int64), np.asarray(self._preempted, dtype=np.int64).reshape(-1, 2)
+
+
+def _expand(chunk: np.ndarray | tuple) -> np.ndarray:
+    """Rows of a chunk: already rows, or a decode stretch kept as its varying columns."""
+    if isinstance(chunk, np.ndarray):
+        return chunk
+    starts, durations, kv_used, num_waiting, num_running = chunk
+    rows = np.empty((len(starts), len(TIMESERIES_COLUMNS)))
+    rows[:, 0], rows[:, 1], rows[:, 4] = starts, durations, kv_used
+    rows[:, 2], rows[:, 3] = num_waiting, num_running
+    # tokens = decodes = running; no prefill tokens, no preemptions
+    rows[:, 5], rows[:, 6], rows[:, 7], rows[:, 8] = num_running, 0, num_running, 0
+    return rows
