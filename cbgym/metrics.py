@@ -123,24 +123,21 @@ class SimulationResult:
         norm = (fin["e2e_s"] / fin["output_tokens"]).to_numpy()
         _quantiles("norm_latency", norm, out)
         good = meets_slo(req, self.slo)
-        span = self.sim_seconds
+        span = _span(req)  # rates over the requests measured (after any warm-up discard)
         out["slo_attainment"] = float(good.mean()) if len(req) else float("nan")
         out["goodput_rps"] = float(good.sum() / span) if span > 0 else 0.0
         out["throughput_rps"] = float(len(fin) / span) if span > 0 else 0.0
         out["throughput_tok_s"] = float(fin["output_tokens"].sum() / span) if span > 0 else 0.0
         out["num_preemptions"] = float(self.requests["preemptions"].sum())
         out["iterations"] = float(len(self.timeseries))
-        out["sim_seconds"] = span
+        out["sim_seconds"] = self.sim_seconds
         out["wall_seconds"] = float(self.meta.get("wall_seconds", float("nan")))
         return out
 
     @property
     def sim_seconds(self) -> float:
         """Simulated time from the first arrival to the last request leaving."""
-        req = self.requests
-        if not len(req):
-            return 0.0
-        return float(np.nanmax(req["finish_s"].to_numpy()) - req["arrival_s"].min())
+        return _span(self.requests)
 
     def to_chrome_trace(self, path: str | Path | None = None) -> dict[str, Any]:
         """The batch log as Chrome-trace JSON (open in chrome://tracing or Perfetto)."""
@@ -190,6 +187,13 @@ class SimulationResult:
         if path is not None:
             Path(path).write_text(json.dumps(doc))
         return doc
+
+
+def _span(requests: pd.DataFrame) -> float:
+    """Seconds from the first of these requests arriving to the last of them leaving."""
+    if not len(requests):
+        return 0.0
+    return float(np.nanmax(requests["finish_s"].to_numpy()) - requests["arrival_s"].min())
 
 
 def requests_frame(table: Any, slo: SLOSpec) -> pd.DataFrame:

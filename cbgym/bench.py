@@ -1,0 +1,571 @@
+"""The sweep runner behind ``cbgym bench``: policies x loads x traces x engines x windows x seeds.
+
+How a sweep runs:
+
+1. Each trace is cut into ``windows`` windows of ``window_requests`` consecutive requests.
+   Window starts are evenly spaced over the trace (``round(linspace(0, n - M, N))``), so the
+   windows are disjoint whenever ``N * M <= n`` and overlap evenly otherwise; a window longer
+   than the trace is the whole trace. Placement is deterministic: no seed is involved.
+2. The capacity mu of every (window, engine) pair is measured once, by saturation (the
+   window's first ``capacity_sample`` requests released at t=0 under FCFS, as the study does),
+   in the worker pool.
+3. Every cell (policy, load, window, engine, seed) replays the same window, rescaled to the same
+   arrivals with that one mu (common random numbers: differences are the policies'), in
+   parallel worker processes. The seed reaches only randomised policies (``random``,
+   ``noisy-oracle``); the engine is deterministic.
+4. The parent adds the study's comparisons (:mod:`cbgym.study`), aggregates over windows and
+   seeds, and :func:`write_outputs` writes ``results.csv``, ``summary.csv``,
+   ``accountings.csv``, ``cdf.csv``, ``config.json`` and the plots.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import platform
+import sys
+import time
+from collections.abc import Callable, Iterable
+from concurrent.futures import Executor, Future, ProcessPoolExecutor, as_completed
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from tqdm import tqdm
+
+from cbgym import study
+from cbgym.engine.config import EngineConfig
+from cbgym.metrics import SLO, config_dict
+from cbgym.workload.catalog import CATALOG, TraceNotFoundError, default_cache_dir, load_trace
+from cbgym.workload.scaling import CAPACITY_SAMPLE, measure_capacity
+from cbgym.workload.trace import Trace
+
+# Quantile levels of normalised latency kept per run at the CDF load (for the CDF plot).
+CDF_LEVELS = np.round(np.concatenate([np.linspace(0, 0.99, 100), np.linspace(0.991, 1, 10)]), 4)
+# Columns that identify a row of results.csv; the rest are measurements.
+ID_COLUMNS = ["trace", "engine", "policy", "load", "window", "window_start", "window_requests",
+              "seed", "capacity_rps", "offered_rps"]
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """Everything a sweep depends on (written to ``config.json``).
+
+    Attributes:
+        traces: catalogue names (``azure-conv-2023``, ``synthetic-conv``, ...) or file paths.
+        policies: policy specs for :func:`cbgym.agents.make_policy` (``noisy-oracle:0.8``).
+        loads: offered loads rho = lambda / mu, each > 0.
+        engines: engine presets (``cbsjf-paper``, ``llama-2-13b/a100-80gb``, ...).
+        windows: windows per trace.
+        window_requests: requests per window (the study uses 20,000).
+        seeds: seeds handed to the policies.
+        max_num_seqs: engine override (None: the preset's).
+        max_num_batched_tokens: engine override (None: the preset's).
+        preemption: engine override, ``recompute`` or ``swap`` (None: the preset's).
+        chunked_prefill: False turns chunked prefill off.
+        ttft_s: TTFT SLO for goodput.
+        tpot_s: TPOT SLO for goodput.
+        warmup: fraction of each window's earliest requests left out of latency statistics.
+        starvation_multiple: starvation threshold as a multiple of the FCFS median wait.
+        cdf_load: load whose latency CDFs are kept and plotted (None: the highest).
+        capacity_sample: requests released at t=0 to measure capacity.
+        workers: worker processes (None: ``os.cpu_count()``; 1 runs in this process).
+        download: whether missing catalogue traces may be downloaded.
+    """
+
+    traces: tuple[str, ...]
+    policies: tuple[str, ...]
+    loads: tuple[float, ...]
+    engines: tuple[str, ...] = ("cbsjf-paper",)
+    windows: int = 2
+    window_requests: int = 4000
+    seeds: tuple[int, ...] = (0,)
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+    preemption: str | None = None
+    chunked_prefill: bool = True
+    ttft_s: float = 2.0
+    tpot_s: float = 0.1
+    warmup: float = study.WARMUP
+    starvation_multiple: float = study.STARVATION_MULTIPLE
+    cdf_load: float | None = None
+    capacity_sample: int = CAPACITY_SAMPLE
+    workers: int | None = None
+    download: bool = False
+
+    def __post_init__(self) -> None:
+        checks = [
+            (bool(self.traces), "traces", "at least one trace"),
+            (bool(self.policies), "policies", "at least one policy"),
+            (bool(self.loads) and all(x > 0 and np.isfinite(x) for x in self.loads), "loads",
+             "loads > 0"),
+            (bool(self.engines), "engines", "at least one engine"),
+            (self.windows >= 1, "windows", "an integer >= 1"),
+            (self.window_requests >= 2, "window_requests", "an integer >= 2"),
+            (bool(self.seeds), "seeds", "at least one seed"),
+            (self.ttft_s > 0 and self.tpot_s > 0, "ttft_s/tpot_s", "SLOs > 0"),
+            (0 <= self.warmup < 1, "warmup", "a fraction in [0, 1)"),
+            (self.starvation_multiple > 0, "starvation_multiple", "a multiple > 0"),
+            (self.cdf_load is None or self.cdf_load in self.loads, "cdf_load",
+             "one of the loads"),
+            (self.capacity_sample >= 2, "capacity_sample", "an integer >= 2"),
+            (self.workers is None or self.workers >= 1, "workers", "an integer >= 1"),
+            (self.preemption in (None, "recompute", "swap"), "preemption",
+             "'recompute' or 'swap'"),
+        ]
+        for ok, name, expected in checks:
+            if not ok:
+                raise ValueError(f"BenchConfig.{name}={getattr(self, name, None)!r}: "
+                                 f"expected {expected}")
+
+    @property
+    def slo(self) -> SLO:
+        return SLO(ttft_s=self.ttft_s, tpot_s=self.tpot_s)
+
+    @property
+    def plot_load(self) -> float:
+        """The load whose latency CDFs are kept."""
+        return self.cdf_load if self.cdf_load is not None else max(self.loads)
+
+    def engine_overrides(self) -> dict[str, Any]:
+        """The EngineConfig fields this sweep sets on top of each preset."""
+        over: dict[str, Any] = {}
+        if self.max_num_seqs is not None:
+            over["max_num_seqs"] = self.max_num_seqs
+        if self.max_num_batched_tokens is not None:
+            over["max_num_batched_tokens"] = self.max_num_batched_tokens
+        if self.preemption is not None:
+            over["preemption"] = self.preemption
+        if not self.chunked_prefill:
+            over["chunked_prefill"] = False
+        return over
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One simulation: a policy on one window of one trace, at one load, on one engine."""
+
+    trace: str
+    window: int
+    engine: str
+    policy: str
+    load: float
+    seed: int
+    capacity_rps: float
+
+
+@dataclass(frozen=True)
+class CellSettings:
+    """What every cell of a sweep shares."""
+
+    ttft_s: float
+    tpot_s: float
+    warmup: float
+    cdf_load: float
+
+
+@dataclass
+class CellOutput:
+    """A finished cell: its results.csv row, waiting times (for starvation), CDF quantiles."""
+
+    row: dict[str, Any]
+    waits: np.ndarray
+    cdf: np.ndarray | None
+
+
+@dataclass
+class BenchResult:
+    """A finished sweep.
+
+    Attributes:
+        results: one row per cell (``results.csv``).
+        table: the study's table, aggregated over windows and seeds (``summary.csv``).
+        headline: oracle gain recovered averaged over the study's headline loads.
+        accountings: the two accountings of the prefill share per trace, engine and load.
+        cdf: normalised-latency quantiles per run at the CDF load (long format).
+        config: the full configuration, versions and measured capacities.
+        elapsed_s: wall-clock seconds of the sweep.
+    """
+
+    results: pd.DataFrame
+    table: pd.DataFrame
+    headline: pd.DataFrame
+    accountings: pd.DataFrame
+    cdf: pd.DataFrame
+    config: dict[str, Any]
+    elapsed_s: float
+    notes: list[str] = field(default_factory=list)
+
+
+# ---------------------------------------------------------------- resolving the inputs
+
+
+def resolve_engine(preset: str, overrides: dict[str, Any] | None = None) -> EngineConfig:
+    """The EngineConfig of ``preset`` with ``overrides``; ValueError with one clear line."""
+    try:
+        return EngineConfig(preset=preset, **(overrides or {}))
+    except (ValueError, TypeError, KeyError) as exc:
+        raise ValueError(f"engine {preset!r}: {_first_line(exc)}") from exc
+
+
+def resolve_trace(name: str, download: bool = False) -> Trace:
+    """Load a trace by name or path; ValueError with one clear line when it is missing."""
+    try:
+        return load_trace(name, download=download)
+    except TraceNotFoundError as exc:
+        if name in CATALOG:
+            raise ValueError(
+                f"trace {name!r} not found locally (looked in $CBGYM_TRACE_DIR and "
+                f"{default_cache_dir()}); set CBGYM_TRACE_DIR to the folder holding "
+                f"{CATALOG[name].filename} or pass --download") from exc
+        raise ValueError(_first_line(exc)) from exc
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"trace {name!r}: {_first_line(exc)}") from exc
+
+
+def check_policy(spec: str) -> None:
+    """Raise ValueError (one line) unless ``spec`` builds a policy."""
+    from cbgym.agents import make_policy
+
+    try:
+        make_policy(spec)
+    except (ValueError, TypeError) as exc:
+        raise ValueError(_first_line(exc)) from exc
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def window_starts(num_requests: int, windows: int, count: int) -> list[int]:
+    """Evenly spaced window starts: disjoint when ``windows * count <= num_requests``.
+
+    A window longer than the trace is clipped to it, and duplicate starts (more windows than
+    distinct positions) are dropped.
+    """
+    count = min(count, num_requests)
+    last = num_requests - count
+    starts = np.rint(np.linspace(0, last, windows)).astype(int) if windows > 1 else [0]
+    return sorted({int(s) for s in starts})
+
+
+# ---------------------------------------------------------------- the worker side
+
+# Set in each worker by _init_worker (and in the parent when workers == 1): the windows and
+# engines are sent once per process rather than once per cell.
+_WINDOWS: dict[tuple[str, int], Trace] = {}
+_ENGINES: dict[str, EngineConfig] = {}
+
+
+def _init_worker(windows: dict[tuple[str, int], Trace], engines: dict[str, EngineConfig]) -> None:
+    _WINDOWS.clear()
+    _WINDOWS.update(windows)
+    _ENGINES.clear()
+    _ENGINES.update(engines)
+
+
+def capacity_task(trace: str, window: int, engine: str, sample: int) -> float:
+    """Requests/s of ``engine`` on one window (saturation), in a worker."""
+    return measure_capacity(_WINDOWS[(trace, window)], _ENGINES[engine], sample=sample)
+
+
+def run_cell(cell: Cell, settings: CellSettings) -> CellOutput:
+    """Simulate one cell and reduce it to a row, its waiting times and (maybe) CDF quantiles."""
+    from cbgym.simulate import simulate
+
+    window = _WINDOWS[(cell.trace, cell.window)]
+    engine = _ENGINES[cell.engine]
+    slo = SLO(ttft_s=settings.ttft_s, tpot_s=settings.tpot_s)
+    res = simulate(window, cell.policy, engine, load=cell.load, seed=cell.seed, slo=slo,
+                   capacity_rps=cell.capacity_rps)
+    row: dict[str, Any] = {**asdict(cell), "offered_rps": cell.load * cell.capacity_rps}
+    row.update(res.summary(warmup=settings.warmup))
+    row.update(study.latency_stats(res.requests, settings.warmup))
+    prefill_s, busy_s = study.prefill_engine_time(res.timeseries, engine)
+    row.update(prefill_engine_s=prefill_s, busy_s=busy_s,
+               prefill_time_share=prefill_s / busy_s if busy_s > 0 else float("nan"))
+    cdf = None
+    if np.isclose(cell.load, settings.cdf_load):
+        norm = study.normalised_latency_ms(study.after_warmup(res.requests, settings.warmup))
+        cdf = np.quantile(norm, CDF_LEVELS) if norm.size else None
+    waits = study.waiting_times(res.requests, settings.warmup).astype(np.float32)
+    return CellOutput(row=row, waits=waits, cdf=cdf)
+
+
+# ---------------------------------------------------------------- the parent side
+
+
+def run_bench(cfg: BenchConfig, progress: bool = True,
+              log: Callable[[str], None] | None = None) -> BenchResult:
+    """Run a sweep and return its tables (nothing is written; see :func:`write_outputs`).
+
+    Args:
+        cfg: the sweep.
+        progress: show tqdm progress bars (on stderr).
+        log: where to send one-line notes (e.g. ``print``); None: nowhere.
+
+    Raises:
+        ValueError: a trace, engine or policy that cannot be resolved (one-line message).
+    """
+    started = time.perf_counter()
+    say = log or (lambda _msg: None)
+    for spec in cfg.policies:
+        check_policy(spec)
+    engines = {p: resolve_engine(p, cfg.engine_overrides()) for p in cfg.engines}
+    traces = {name: resolve_trace(name, cfg.download) for name in cfg.traces}
+    windows, starts, notes = _cut_windows(traces, cfg)
+    for note in notes:
+        say(note)
+    workers = cfg.workers if cfg.workers is not None else (os.cpu_count() or 1)
+    with _executor(workers, windows, engines) as pool:
+        capacity = _measure_capacities(pool, windows, engines, cfg, progress)
+        cells = _plan_cells(cfg, windows, engines, capacity)
+        outputs = _run_cells(pool, cells, cfg, progress)
+    results = study.add_relative_metrics(
+        pd.DataFrame([o.row for o in outputs]), [o.waits for o in outputs],
+        cfg.starvation_multiple)
+    results = _order_columns(_with_window_info(results, starts, windows))
+    table = _in_sweep_order(study.aggregate(results), cfg)
+    elapsed = time.perf_counter() - started
+    return BenchResult(
+        results=results, table=table, headline=study.headline_gain(table),
+        accountings=_accountings(results, windows, engines, cfg),
+        cdf=_cdf_frame(outputs), elapsed_s=elapsed, notes=notes,
+        config=_config_json(cfg, engines, traces, starts, capacity, workers, elapsed),
+    )
+
+
+def _cut_windows(traces: dict[str, Trace], cfg: BenchConfig
+                 ) -> tuple[dict[tuple[str, int], Trace], dict[tuple[str, int], int], list[str]]:
+    windows: dict[tuple[str, int], Trace] = {}
+    starts: dict[tuple[str, int], int] = {}
+    notes: list[str] = []
+    for name, trace in traces.items():
+        count = min(cfg.window_requests, len(trace))
+        first = window_starts(len(trace), cfg.windows, count)
+        overlap = len(first) * count > len(trace)
+        notes.append(
+            f"{name}: {len(trace)} requests -> {len(first)} window(s) of {count} starting at "
+            f"{', '.join(map(str, first))}" + (" (overlapping)" if overlap else ""))
+        for w, start in enumerate(first):
+            windows[(name, w)] = trace.window(start, count)
+            starts[(name, w)] = start
+    return windows, starts, notes
+
+
+class _InlineExecutor(Executor):
+    """Runs submitted calls at once in this process (workers == 1: easy to profile/debug)."""
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future:
+        fut: Future = Future()
+        try:
+            fut.set_result(fn(*args, **kwargs))
+        except BaseException as exc:  # handed to the caller through the future
+            fut.set_exception(exc)
+        return fut
+
+
+def _executor(workers: int, windows: dict[tuple[str, int], Trace],
+              engines: dict[str, EngineConfig]) -> Executor:
+    if workers == 1:
+        _init_worker(windows, engines)
+        return _InlineExecutor()
+    # forkserver/spawn: no inherited state from the parent (threads, caches); every task is a
+    # top-level function and the windows travel once per worker through the initializer.
+    method = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
+    return ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context(method),
+                               initializer=_init_worker, initargs=(windows, engines))
+
+
+def _measure_capacities(pool: Executor, windows: dict[tuple[str, int], Trace],
+                        engines: dict[str, EngineConfig], cfg: BenchConfig, progress: bool
+                        ) -> dict[tuple[str, int, str], float]:
+    jobs = {pool.submit(capacity_task, t, w, e, cfg.capacity_sample): (t, w, e)
+            for (t, w) in windows for e in engines}
+    capacity: dict[tuple[str, int, str], float] = {}
+    bar = tqdm(total=len(jobs), desc="capacity", unit="window", disable=not progress,
+               leave=False)
+    for fut in as_completed(jobs):
+        capacity[jobs[fut]] = fut.result()
+        bar.update()
+    bar.close()
+    return capacity
+
+
+def _plan_cells(cfg: BenchConfig, windows: dict[tuple[str, int], Trace],
+                engines: dict[str, EngineConfig], capacity: dict[tuple[str, int, str], float]
+                ) -> list[Cell]:
+    cells = [
+        Cell(t, w, e, p, load, seed, capacity[(t, w, e)])
+        for (t, w) in windows for e in engines for load in cfg.loads
+        for p in cfg.policies for seed in cfg.seeds
+    ]
+    # Heaviest first (high load, long windows) so no worker is left with a long tail.
+    return sorted(cells, key=lambda c: (-c.load, -len(windows[(c.trace, c.window)])))
+
+
+def _run_cells(pool: Executor, cells: list[Cell], cfg: BenchConfig, progress: bool
+               ) -> list[CellOutput]:
+    settings = CellSettings(cfg.ttft_s, cfg.tpot_s, cfg.warmup, cfg.plot_load)
+    futures = {pool.submit(run_cell, cell, settings): i for i, cell in enumerate(cells)}
+    outputs: list[CellOutput | None] = [None] * len(cells)
+    with tqdm(total=len(cells), desc="bench", unit="run", disable=not progress) as bar:
+        for fut in as_completed(futures):
+            outputs[futures[fut]] = fut.result()
+            bar.update()
+    done = [o for o in outputs if o is not None]
+    key = ("trace", "engine", "load", "window", "seed", "policy")
+    order = {p: i for i, p in enumerate(cfg.policies)}
+    return sorted(done, key=lambda o: tuple(
+        order[o.row[k]] if k == "policy" else o.row[k] for k in key))
+
+
+def _with_window_info(results: pd.DataFrame, starts: dict[tuple[str, int], int],
+                      windows: dict[tuple[str, int], Trace]) -> pd.DataFrame:
+    keys = list(zip(results["trace"], results["window"], strict=True))
+    results["window_start"] = [starts[k] for k in keys]
+    results["window_requests"] = [len(windows[k]) for k in keys]
+    return results
+
+
+def _order_columns(results: pd.DataFrame) -> pd.DataFrame:
+    rest = [c for c in results.columns if c not in ID_COLUMNS]
+    return results[ID_COLUMNS + rest]
+
+
+def _in_sweep_order(table: pd.DataFrame, cfg: BenchConfig) -> pd.DataFrame:
+    """Rows in the order the user listed traces, engines and policies (then by load)."""
+    rank = {col: {v: i for i, v in enumerate(values)} for col, values in
+            (("trace", cfg.traces), ("engine", cfg.engines), ("policy", cfg.policies))}
+    keys = pd.DataFrame({col: table[col].map(order) for col, order in rank.items()})
+    keys["load"] = table["load"]
+    order = keys.sort_values(["trace", "engine", "policy", "load"], kind="stable").index
+    return table.loc[order].reset_index(drop=True)
+
+
+def _accountings(results: pd.DataFrame, windows: dict[tuple[str, int], Trace],
+                 engines: dict[str, EngineConfig], cfg: BenchConfig) -> pd.DataFrame:
+    """Marginal work share (token counts of the windows) and FCFS engine time share."""
+    rows = []
+    for trace in cfg.traces:
+        parts = [w for (t, _), w in windows.items() if t == trace]
+        prompt = np.concatenate([w.prompt_tokens for w in parts])
+        output = np.concatenate([w.output_tokens for w in parts])
+        for name, engine in engines.items():
+            share = study.marginal_work_share(prompt, output, engine)
+            for load in cfg.loads:
+                fcfs = results[(results["trace"] == trace) & (results["engine"] == name)
+                               & (results["load"] == load) & (results["policy"] == study.FCFS)]
+                busy = fcfs["busy_s"].sum()
+                rows.append({
+                    "trace": trace, "engine": name, "load": load,
+                    "marginal_work_share_pct": 100.0 * share,
+                    "engine_time_share_pct": (100.0 * fcfs["prefill_engine_s"].sum() / busy
+                                              if busy > 0 else float("nan")),
+                    "fcfs_runs": len(fcfs),
+                })
+    return pd.DataFrame(rows)
+
+
+def _cdf_frame(outputs: Iterable[CellOutput]) -> pd.DataFrame:
+    frames = []
+    for out in outputs:
+        if out.cdf is None:
+            continue
+        ids = {k: out.row[k] for k in ("trace", "engine", "load", "policy", "window", "seed")}
+        frames.append(pd.DataFrame({**ids, "quantile": CDF_LEVELS, "norm_latency_ms": out.cdf}))
+    cols = ["trace", "engine", "load", "policy", "window", "seed", "quantile", "norm_latency_ms"]
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=cols)
+
+
+def _config_json(cfg: BenchConfig, engines: dict[str, EngineConfig], traces: dict[str, Trace],
+                 starts: dict[tuple[str, int], int], capacity: dict[tuple[str, int, str], float],
+                 workers: int, elapsed: float) -> dict[str, Any]:
+    import matplotlib
+
+    import cbgym
+
+    return {
+        "cbgym_version": cbgym.__version__,
+        "argv": sys.argv,
+        "bench": asdict(cfg),
+        "engines": {name: config_dict(e) for name, e in engines.items()},
+        "traces": {name: {"requests": len(t), "duration_s": t.duration_s, "source": t.name}
+                   for name, t in traces.items()},
+        "windows": [{"trace": t, "window": w, "start": s} for (t, w), s in starts.items()],
+        "capacity_rps": [{"trace": t, "window": w, "engine": e, "capacity_rps": mu}
+                         for (t, w, e), mu in capacity.items()],
+        "trace_dir_env": os.environ.get("CBGYM_TRACE_DIR"),
+        "workers": workers,
+        "elapsed_s": elapsed,
+        "versions": {"python": platform.python_version(), "numpy": np.__version__,
+                     "pandas": pd.__version__, "matplotlib": matplotlib.__version__},
+        "rerun": ("cbgym simulate --trace TRACE --start WINDOW_START --requests WINDOW_REQUESTS "
+                  "--engine ENGINE --policy POLICY --load LOAD --capacity-rps CAPACITY_RPS "
+                  "--seed SEED (values from a results.csv row, plus the engine overrides above)"),
+    }
+
+
+# ---------------------------------------------------------------- output
+
+
+def write_outputs(result: BenchResult, out_dir: str | Path, plots: bool = True) -> list[Path]:
+    """Write the CSVs, ``config.json`` and (optionally) the PNG plots into ``out_dir``."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, frame in (("results.csv", result.results), ("summary.csv", result.table),
+                        ("headline.csv", result.headline),
+                        ("accountings.csv", result.accountings), ("cdf.csv", result.cdf)):
+        frame.to_csv(out / name, index=False)
+        written.append(out / name)
+    (out / "config.json").write_text(json.dumps(result.config, indent=2, default=str) + "\n")
+    written.append(out / "config.json")
+    if plots:
+        from cbgym.plots import write_plots
+
+        written += write_plots(result.table, result.cdf, out)
+    return written
+
+
+TABLE_COLUMNS = {
+    "policy": "policy", "load": "rho", "mean_norm_latency_ms": "mean ms/tok",
+    "p99_norm_latency_ms": "p99 ms/tok", "oracle_gain_recovered_pct": "gain %",
+    "p99_ratio": "p99/FCFS", "starvation_count": "starved",
+    "starved_beyond_fcfs_max": "> FCFS max", "goodput_rps": "goodput/s",
+    "slo_attainment": "SLO ok",
+}
+
+
+def format_table(result: BenchResult) -> str:
+    """A compact text table per trace and engine (pandas ``to_string``)."""
+    blocks = []
+    for (trace, engine), part in result.table.groupby(["trace", "engine"], sort=False):
+        acc = result.accountings
+        acc = acc[(acc["trace"] == trace) & (acc["engine"] == engine)]
+        runs = result.results[(result.results["trace"] == trace)
+                              & (result.results["engine"] == engine)]
+        head = (f"== {trace} | {engine} | {runs['window'].nunique()} window(s) x "
+                f"{int(runs['window_requests'].iloc[0])} requests | mu "
+                f"{runs['capacity_rps'].mean():.3g} req/s | prefill share: marginal work "
+                f"{acc['marginal_work_share_pct'].iloc[0]:.1f}%")
+        shown = part[[c for c in TABLE_COLUMNS if c in part]].rename(columns=TABLE_COLUMNS)
+        blocks.append(head + "\n" + shown.to_string(index=False, float_format=_fmt))
+    return "\n\n".join(blocks)
+
+
+def _fmt(value: float) -> str:
+    if not np.isfinite(value):
+        return "-"
+    return f"{value:.3g}" if abs(value) < 100 else f"{value:.0f}"
+
+
+__all__ = [
+    "BenchConfig", "BenchResult", "Cell", "CellOutput", "CellSettings", "check_policy",
+    "format_table", "resolve_engine", "resolve_trace", "run_bench", "run_cell", "window_starts",
+    "write_outputs",
+]

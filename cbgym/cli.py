@@ -1,0 +1,417 @@
+"""The ``cbgym`` console command.
+
+Subcommands:
+
+* ``cbgym bench``: sweep policies x loads x traces x engines x windows x seeds, print the study's
+  table, optionally write CSVs, ``config.json`` and plots (``--out``). With no options it is a
+  short benchmark (seconds) of FCFS, CB-SJF-Work and Oracle-Work at rho = 0.9.
+* ``cbgym simulate``: one run (one policy, one window, one load), printing its summary; any
+  row of a bench's ``results.csv`` can be re-run with it.
+
+Bad options print one line, ``cbgym <command>: error: ...``, on stderr and exit with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any, NoReturn
+
+DEFAULT_TRACE = "azure-conv-2023"
+FALLBACK_TRACE = "synthetic-conv"
+DEFAULT_POLICIES = "fcfs,cb-sjf-work,oracle-work"
+DEFAULT_LOADS = "0.9"
+DEFAULT_ENGINE = "cbsjf-paper"
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors are a single line on stderr (exit status 2)."""
+
+    def error(self, message: str) -> NoReturn:
+        text = " ".join(str(message).split())  # one line, whatever the message held
+        self.exit(2, f"{self.prog}: error: {text}\n")
+
+
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter,
+                     argparse.RawDescriptionHelpFormatter):
+    """Defaults in the help text (unless None/False or already said), descriptions as written."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default in (None, False) or "default" in (action.help or ""):
+            return action.help
+        return super()._get_help_string(action)
+
+
+# ---------------------------------------------------------------- argument types
+
+
+def _listed(convert: Callable[[str], Any], what: str) -> Callable[[str], tuple[Any, ...]]:
+    def parse(text: str) -> tuple[Any, ...]:
+        items = [part.strip() for part in text.split(",") if part.strip()]
+        if not items:
+            raise argparse.ArgumentTypeError(f"expected a comma-separated list of {what}")
+        return tuple(convert(item) for item in items)
+
+    return parse
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value > 0 or value != value or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
+    return value
+
+
+def _load(text: str) -> float:
+    try:
+        return _positive_float(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(
+            f"load must be a number > 0 (offered load rho = lambda / mu), got {text!r}"
+        ) from None
+
+
+def _fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(f"must be a fraction in [0, 1), got {text}")
+    return value
+
+
+def _int_at_least(low: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be an integer >= {low}, got {text}")
+        return value
+
+    return parse
+
+
+def _seed(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"seed {text!r} is not an integer") from None
+
+
+# ---------------------------------------------------------------- shared options
+
+
+def _add_engine_options(parser: argparse.ArgumentParser, plural: bool) -> None:
+    group = parser.add_argument_group("engine")
+    group.add_argument(
+        "--engine", default=DEFAULT_ENGINE, metavar="PRESET" + ("[,PRESET...]" if plural else ""),
+        help="engine preset: 'cbsjf-paper' (the study's engine: separate prefill/decode "
+             "iterations, no chunking, no preemption) or a roofline preset 'model/gpu[/tpN]', "
+             "e.g. 'llama-2-13b/a100-80gb' (vLLM-style chunked prefill and preemption)"
+             + ("; comma-separated for several" if plural else ""))
+    group.add_argument("--max-num-seqs", type=_int_at_least(1), default=None, metavar="N",
+                       help="override the cap on running requests (vLLM max_num_seqs)")
+    group.add_argument("--max-num-batched-tokens", type=_int_at_least(1), default=None,
+                       metavar="N", help="override the per-iteration token budget")
+    group.add_argument("--preemption", choices=("recompute", "swap"), default=None,
+                       help="override what happens to a preempted request's KV")
+    group.add_argument("--no-chunked-prefill", action="store_true",
+                       help="turn chunked prefill off (roofline presets)")
+
+
+def _add_slo_options(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
+    group = parser.add_argument_group("metrics")
+    group.add_argument("--ttft", type=_positive_float, default=2.0, metavar="S",
+                       help="TTFT SLO in seconds (goodput counts requests meeting both SLOs)")
+    group.add_argument("--tpot", type=_positive_float, default=0.1, metavar="S",
+                       help="TPOT SLO in seconds per output token")
+    group.add_argument("--warmup", type=_fraction, default=0.1, metavar="FRAC",
+                       help="fraction of each window's earliest requests left out of latency "
+                            "statistics (the study discards 10%%)")
+    return group
+
+
+def _engine_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    over: dict[str, Any] = {}
+    if args.max_num_seqs is not None:
+        over["max_num_seqs"] = args.max_num_seqs
+    if args.max_num_batched_tokens is not None:
+        over["max_num_batched_tokens"] = args.max_num_batched_tokens
+    if args.preemption is not None:
+        over["preemption"] = args.preemption
+    if args.no_chunked_prefill:
+        over["chunked_prefill"] = False
+    return over
+
+
+# ---------------------------------------------------------------- cbgym bench
+
+BENCH_DESCRIPTION = """\
+Sweep scheduling policies x offered loads x traces x engines x windows x seeds, and report the
+CB-SJF-Work study's metrics: mean normalised latency (E2E / output tokens, ms per token, after
+a warm-up discard), oracle gain recovered (100 x mean_w(FCFS - P) / mean_w(FCFS - Oracle-Work);
+needs fcfs and oracle-work in --policies), p99 ratio to FCFS (mean over windows of the p99
+normalised-latency ratio), a starvation count, goodput, and the two accountings of the prefill
+share (marginal work; simulated engine time under FCFS).
+
+Every policy replays the same windows with the same arrivals: capacity mu is measured once per
+(window, engine) by saturation (the window's first --capacity-sample requests at t=0 under
+FCFS) and arrivals are affinely rescaled to rho = lambda / mu. Windows are consecutive requests,
+evenly spaced over the trace (disjoint when windows x window-requests <= trace length).
+
+With no options: a short benchmark of fcfs, cb-sjf-work and oracle-work at rho = 0.9 on
+azure-conv-2023 if its file is found locally ($CBGYM_TRACE_DIR or the user cache), else on the
+offline synthetic-conv workload."""
+
+BENCH_EPILOG = """\
+outputs (with --out DIR):
+  results.csv      one row per policy x load x trace x engine x window x seed
+  summary.csv      the study's table, aggregated over windows and seeds
+  headline.csv     oracle gain recovered averaged over rho in {0.85, 0.92, 0.98}
+  accountings.csv  prefill share: marginal work and FCFS engine time, per trace/engine/load
+  cdf.csv          normalised-latency quantiles per run at the CDF load
+  config.json      the full configuration, measured capacities and versions
+  *.png            mean / p99 latency vs load, goodput vs load, latency CDFs
+
+example:
+  cbgym bench --trace azure-conv-2023 --engine cbsjf-paper \\
+      --policies fcfs,cb-sjf-work,oracle-work,ljf-work,random \\
+      --loads 0.6,0.75,0.85,0.92,0.98 --windows 5 --window-requests 3800 --out results/"""
+
+
+def _bench_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    p = sub.add_parser("bench", help="sweep policies x loads x traces and report the study",
+                       description=BENCH_DESCRIPTION, epilog=BENCH_EPILOG,
+                       formatter_class=_HelpFormatter)
+    sweep = p.add_argument_group("sweep")
+    sweep.add_argument(
+        "--trace", type=_listed(str, "trace names or paths"), default=None,
+        metavar="NAME[,NAME...]",
+        help="traces: catalogue names (azure-conv-2023, azure-code-2023, azure-conv-2024, "
+             "azure-code-2024, synthetic-conv, synthetic-code) or file paths; default "
+             f"{DEFAULT_TRACE} if found locally, else {FALLBACK_TRACE}")
+    sweep.add_argument("--policies", type=_listed(str, "policies"), default=DEFAULT_POLICIES,
+                       metavar="P[,P...]",
+                       help="policy specs (see cbgym.agents.POLICIES), e.g. fcfs, sjf-ctx, "
+                            "cb-sjf-work, oracle-work, oracle-sjf, ljf-work, random, "
+                            "noisy-oracle:0.8, cb-sjf-work-aging:0.05")
+    sweep.add_argument("--loads", type=_listed(_load, "loads"), default=DEFAULT_LOADS,
+                       metavar="RHO[,RHO...]", help="offered loads rho = lambda / mu, each > 0")
+    sweep.add_argument("--windows", type=_int_at_least(1), default=2, metavar="N",
+                       help="windows per trace")
+    sweep.add_argument("--window-requests", type=_int_at_least(2), default=4000, metavar="M",
+                       help="requests per window (the study uses 20,000; clipped to the trace)")
+    sweep.add_argument("--seeds", type=_listed(_seed, "integer seeds"), default="0",
+                       metavar="S[,S...]", help="seeds for randomised policies")
+    sweep.add_argument("--capacity-sample", type=_int_at_least(2), default=4000, metavar="K",
+                       help="requests released at t=0 to measure capacity (the study: 4,000)")
+    sweep.add_argument("--download", action="store_true",
+                       help="download missing catalogue traces into the user cache")
+    _add_engine_options(p, plural=True)
+    met = _add_slo_options(p)
+    met.add_argument("--starvation-multiple", type=_positive_float, default=10.0, metavar="K",
+                     help="a request starves if its wait exceeds K x the FCFS median wait of "
+                          "the same window (results.csv also counts waits beyond the longest "
+                          "FCFS wait: starved_beyond_fcfs_max)")
+    met.add_argument("--cdf-load", type=_load, default=None, metavar="RHO",
+                     help="load whose latency CDFs are kept and plotted (default: the highest)")
+    run = p.add_argument_group("run and output")
+    run.add_argument("--workers", type=_int_at_least(1), default=None, metavar="N",
+                     help="worker processes; 1 runs everything in this process (default: "
+                          f"os.cpu_count(), {os.cpu_count()} here)")
+    run.add_argument("--out", default=None, metavar="DIR",
+                     help="write CSVs, config.json and PNGs here (default: print only)")
+    run.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    run.add_argument("--quiet", action="store_true", help="no progress bar or notes")
+    p.set_defaults(handler=_cmd_bench, subparser=p)
+    return p
+
+
+def _default_trace(download: bool) -> tuple[str, str]:
+    """The default trace and a sentence saying why it was chosen."""
+    from cbgym.workload.catalog import find_trace
+
+    found = find_trace(DEFAULT_TRACE)
+    if found is not None:
+        return DEFAULT_TRACE, f"trace: {DEFAULT_TRACE} (found at {found})"
+    if download:
+        return DEFAULT_TRACE, f"trace: {DEFAULT_TRACE} (downloading: --download)"
+    return FALLBACK_TRACE, (
+        f"trace: {FALLBACK_TRACE} (offline synthetic workload: {DEFAULT_TRACE} was not found "
+        "locally; set CBGYM_TRACE_DIR or pass --download to use it)")
+
+
+def _bench_config(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Any:
+    from cbgym.bench import BenchConfig, check_policy, resolve_engine, resolve_trace
+
+    for spec in args.policies:
+        _or_fail(parser, "--policies", lambda s=spec: check_policy(s))
+    engines = tuple(e.strip() for e in args.engine.split(",") if e.strip())
+    if not engines:
+        parser.error("--engine: expected at least one preset")
+    for preset in engines:
+        _or_fail(parser, "--engine", lambda e=preset: resolve_engine(e, _engine_overrides(args)))
+    for name in args.trace:
+        _or_fail(parser, "--trace", lambda n=name: resolve_trace(n, args.download))
+    if args.cdf_load is not None and args.cdf_load not in args.loads:
+        parser.error(f"--cdf-load: {args.cdf_load:g} is not one of --loads")
+    over = _engine_overrides(args)
+    return _or_fail(parser, "bench", lambda: BenchConfig(
+        traces=tuple(args.trace), policies=tuple(args.policies), loads=tuple(args.loads),
+        engines=engines, windows=args.windows, window_requests=args.window_requests,
+        seeds=tuple(args.seeds), max_num_seqs=over.get("max_num_seqs"),
+        max_num_batched_tokens=over.get("max_num_batched_tokens"),
+        preemption=over.get("preemption"), chunked_prefill=over.get("chunked_prefill", True),
+        ttft_s=args.ttft, tpot_s=args.tpot, warmup=args.warmup,
+        starvation_multiple=args.starvation_multiple, cdf_load=args.cdf_load,
+        capacity_sample=args.capacity_sample, workers=args.workers or os.cpu_count() or 1,
+        download=args.download))
+
+
+def _or_fail(parser: argparse.ArgumentParser, option: str, call: Callable[[], Any]) -> Any:
+    """``call()``, turning a ValueError into the parser's one-line error for ``option``."""
+    try:
+        return call()
+    except ValueError as exc:
+        parser.error(f"{option}: {exc}")
+
+
+def _cmd_bench(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from cbgym.bench import format_table, run_bench, write_outputs
+
+    chosen = None
+    if args.trace is None:
+        name, chosen = _default_trace(args.download)
+        args.trace = (name,)
+    cfg = _bench_config(args, parser)
+    if chosen:
+        print(chosen)
+    log = None if args.quiet else (lambda msg: print(msg, file=sys.stderr))
+    result = run_bench(cfg, progress=not args.quiet, log=log)
+    print(format_table(result))
+    _print_headline(result)
+    if args.out:
+        written = write_outputs(result, args.out, plots=not args.no_plots)
+        print(f"wrote {len(written)} files to {args.out}: "
+              + ", ".join(p.name for p in written))
+    elif not args.quiet:
+        print("(pass --out DIR to write results.csv, summary.csv, accountings.csv and plots)")
+    print(f"{len(result.results)} runs in {result.elapsed_s:.1f} s on {cfg.workers} worker(s)")
+    return 0
+
+
+def _print_headline(result: Any) -> None:
+    head = result.headline.dropna(subset=["headline_gain_pct"])
+    head = head[~head["policy"].isin(["fcfs", "oracle-work"])]
+    if len(head):
+        print("\noracle gain recovered, mean over rho in {0.85, 0.92, 0.98} present:")
+        print(head.to_string(index=False, float_format=lambda v: f"{v:.1f}"))
+    acc = result.accountings
+    if len(acc):
+        print("\nprefill share (%): marginal work vs simulated engine time under FCFS")
+        shown = acc.drop(columns=["fcfs_runs"]).rename(columns={
+            "marginal_work_share_pct": "marginal work %",
+            "engine_time_share_pct": "engine time % (FCFS)"})
+        print(shown.to_string(index=False, formatters={
+            "load": "{:g}".format, "marginal work %": "{:.1f}".format,
+            "engine time % (FCFS)": "{:.1f}".format}))
+
+
+# ---------------------------------------------------------------- cbgym simulate
+
+SIMULATE_DESCRIPTION = """\
+Simulate one policy on one window of one trace and print the run's summary (latency
+quantiles in seconds, goodput, throughput, engine counters) and the study's per-window
+latency numbers. To re-run a row of a bench's results.csv, pass its trace, window_start,
+window_requests, engine, policy, load, capacity_rps and seed."""
+
+
+def _simulate_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    p = sub.add_parser("simulate", help="one run, printing its summary",
+                       description=SIMULATE_DESCRIPTION, formatter_class=_HelpFormatter)
+    run = p.add_argument_group("run")
+    run.add_argument("--trace", default=FALLBACK_TRACE, metavar="NAME",
+                     help="catalogue name or file path")
+    run.add_argument("--policy", default="fcfs", metavar="P", help="policy spec")
+    run.add_argument("--load", type=_load, default=None, metavar="RHO",
+                     help="rescale arrivals to this offered load (default: as recorded)")
+    run.add_argument("--capacity-rps", type=_positive_float, default=None, metavar="MU",
+                     help="capacity to scale with (default: measured on the window)")
+    run.add_argument("--start", type=_int_at_least(0), default=0, metavar="I",
+                     help="first request of the window")
+    run.add_argument("--requests", type=_int_at_least(2), default=None, metavar="M",
+                     help="requests in the window (default: to the end of the trace)")
+    run.add_argument("--seed", type=_seed, default=0, help="seed for randomised policies")
+    run.add_argument("--download", action="store_true",
+                     help="download a missing catalogue trace into the user cache")
+    run.add_argument("--json", action="store_true", help="print the summary as JSON")
+    _add_engine_options(p, plural=False)
+    _add_slo_options(p)
+    p.set_defaults(handler=_cmd_simulate, subparser=p)
+    return p
+
+
+def _cmd_simulate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from cbgym import study
+    from cbgym.bench import check_policy, resolve_engine, resolve_trace
+    from cbgym.metrics import SLO
+    from cbgym.simulate import simulate
+
+    _or_fail(parser, "--policy", lambda: check_policy(args.policy))
+    engine = _or_fail(parser, "--engine",
+                      lambda: resolve_engine(args.engine, _engine_overrides(args)))
+    trace = _or_fail(parser, "--trace", lambda: resolve_trace(args.trace, args.download))
+    count = len(trace) - args.start if args.requests is None else args.requests
+    window = _or_fail(parser, "--start/--requests", lambda: trace.window(args.start, count))
+    res = simulate(window, args.policy, engine, load=args.load, seed=args.seed,
+                   slo=SLO(args.ttft, args.tpot), capacity_rps=args.capacity_rps)
+    summary = {**res.summary(warmup=args.warmup), **study.latency_stats(res.requests,
+                                                                         args.warmup)}
+    head = {"trace": args.trace, "start": args.start, "requests": count,
+            "engine": args.engine, "policy": args.policy, "load": args.load, "seed": args.seed}
+    if args.json:
+        print(json.dumps({**head, **summary}, indent=2))
+    else:
+        width = max(map(len, [*head, *summary]))
+        for key, value in {**head, **summary}.items():
+            text = f"{value:.6g}" if isinstance(value, float) else str(value)
+            print(f"{key:<{width}}  {text}")
+    return 0
+
+
+# ---------------------------------------------------------------- entry point
+
+
+def build_parser() -> OneLineParser:
+    """The ``cbgym`` argument parser with its subcommands."""
+    parser = OneLineParser(prog="cbgym", description="cbgym: LLM-serving scheduler simulator.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    _bench_parser(sub)
+    _simulate_parser(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``cbgym`` command; returns the exit status (errors raise SystemExit(2))."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.error("choose a command: bench or simulate (see cbgym --help)")
+    try:
+        return int(args.handler(args, args.subparser))
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

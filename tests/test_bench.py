@@ -1,0 +1,183 @@
+"""cbgym bench: window placement, the CSV schema, a small end-to-end sweep, the CLI."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from cbgym.bench import ID_COLUMNS, BenchConfig, run_bench, window_starts, write_outputs
+from cbgym.cli import build_parser, main
+
+# A tiny sweep: two policies, one load, one short window of a synthetic trace.
+TINY = dict(traces=("synthetic-code",), policies=("fcfs", "oracle-work"), loads=(0.9,),
+            windows=1, window_requests=250, capacity_sample=250)
+STUDY_COLUMNS = [
+    "mean_norm_latency_ms", "p99_norm_latency_ms", "p99_e2e_s", "max_queue_s",
+    "oracle_gain_recovered_pct", "p99_ratio", "p99_e2e_ratio", "starvation_threshold_s",
+    "starvation_count", "starved_beyond_fcfs_max", "prefill_engine_s", "busy_s",
+    "prefill_time_share",
+]
+SUMMARY_COLUMNS = [  # SimulationResult.summary(warmup)
+    "num_requests", "num_finished", "num_shed", "ttft_mean", "ttft_p99", "tpot_p50", "e2e_p99",
+    "queue_p50", "norm_latency_mean", "norm_latency_p99", "slo_attainment", "goodput_rps",
+    "throughput_rps", "throughput_tok_s", "num_preemptions", "iterations", "sim_seconds",
+    "wall_seconds",
+]
+
+
+@pytest.fixture(scope="module")
+def tiny_result(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, object]:
+    result = run_bench(BenchConfig(**TINY, workers=1), progress=False)
+    out = tmp_path_factory.mktemp("bench")
+    write_outputs(result, out)
+    return out, result
+
+
+def test_windows_are_evenly_spaced_and_disjoint_when_they_fit() -> None:
+    starts = window_starts(19_366, 5, 3800)
+    assert starts[0] == 0 and starts[-1] == 19_366 - 3800
+    assert all(b - a >= 3800 for a, b in zip(starts, starts[1:], strict=False))
+    assert window_starts(100, 3, 50) == [0, 25, 50]  # overlapping: 150 > 100
+    assert window_starts(100, 4, 500) == [0]  # clipped to the trace, duplicates dropped
+    assert window_starts(100, 1, 10) == [0]
+
+
+def test_bench_writes_every_file(tiny_result: tuple[Path, object]) -> None:
+    out, _ = tiny_result
+    for name in ("results.csv", "summary.csv", "headline.csv", "accountings.csv", "cdf.csv",
+                 "config.json", "mean_latency_vs_load.png", "p99_latency_vs_load.png",
+                 "goodput_vs_load.png", "latency_cdf.png"):
+        assert (out / name).is_file() and (out / name).stat().st_size > 0, name
+
+
+def test_results_csv_schema(tiny_result: tuple[Path, object]) -> None:
+    out, _ = tiny_result
+    frame = pd.read_csv(out / "results.csv")
+    assert list(frame.columns[:len(ID_COLUMNS)]) == ID_COLUMNS
+    missing = set(SUMMARY_COLUMNS + STUDY_COLUMNS) - set(frame.columns)
+    assert not missing
+    assert len(frame) == 2 and set(frame["policy"]) == {"fcfs", "oracle-work"}
+    fcfs = frame[frame["policy"] == "fcfs"].iloc[0]
+    oracle = frame[frame["policy"] == "oracle-work"].iloc[0]
+    assert fcfs["oracle_gain_recovered_pct"] == 0 and fcfs["p99_ratio"] == 1
+    assert oracle["oracle_gain_recovered_pct"] == pytest.approx(100.0)
+    # common random numbers: one capacity, hence one arrival sequence, for both policies
+    assert fcfs["capacity_rps"] == oracle["capacity_rps"] > 0
+    assert fcfs["offered_rps"] == pytest.approx(0.9 * fcfs["capacity_rps"])
+    assert 0 < fcfs["prefill_time_share"] <= 1
+
+
+def test_accountings_and_config(tiny_result: tuple[Path, object]) -> None:
+    out, _ = tiny_result
+    acc = pd.read_csv(out / "accountings.csv")
+    assert list(acc.columns) == ["trace", "engine", "load", "marginal_work_share_pct",
+                                 "engine_time_share_pct", "fcfs_runs"]
+    assert 0 < acc["engine_time_share_pct"].item() <= 100
+    assert 0 < acc["marginal_work_share_pct"].item() <= 100
+    config = json.loads((out / "config.json").read_text())
+    import cbgym
+
+    assert config["cbgym_version"] == cbgym.__version__
+    assert config["bench"]["policies"] == ["fcfs", "oracle-work"]
+    assert config["capacity_rps"][0]["capacity_rps"] > 0
+    assert config["engines"]["cbsjf-paper"]["mode"] == "cbsjf-paper"
+
+
+def test_worker_processes_give_the_same_rows_as_inline(tiny_result: tuple[Path, object]
+                                                       ) -> None:
+    _, inline = tiny_result
+    pooled = run_bench(BenchConfig(**TINY, workers=2), progress=False)
+    cols = ["policy", "mean_norm_latency_ms", "p99_norm_latency_ms", "capacity_rps"]
+    pd.testing.assert_frame_equal(inline.results[cols], pooled.results[cols])  # type: ignore[attr-defined]
+
+
+def test_bench_config_rejects_bad_values() -> None:
+    with pytest.raises(ValueError, match="loads"):
+        BenchConfig(traces=("synthetic-code",), policies=("fcfs",), loads=(0.0,))
+    with pytest.raises(ValueError, match="cdf_load"):
+        BenchConfig(traces=("synthetic-code",), policies=("fcfs",), loads=(0.5,), cdf_load=0.7)
+
+
+# ---------------------------------------------------------------- the CLI
+
+
+def one_error_line(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    assert "error:" in err
+    return err
+
+
+@pytest.mark.parametrize(("argv", "expected"), [
+    (["--policies", "fcfs,shortest-magic"], "unknown policy 'shortest-magic'"),
+    (["--policies", "noisy-oracle:2"], "--policies"),
+    (["--loads", "0.5,0"], "load must be a number > 0"),
+    (["--loads", "-0.3"], "load must be a number > 0"),
+    (["--loads", "high"], "load must be a number > 0"),
+    (["--engine", "gpt-9/abacus"], "--engine: engine 'gpt-9/abacus'"),
+    (["--engine", "nonsense"], "--engine"),
+    (["--trace", "no/such/file.csv"], "--trace"),
+    (["--trace", "azure-conv-9999"], "unknown trace name"),
+    (["--windows", "0"], "--windows"),
+    (["--warmup", "1.5"], "--warmup"),
+    (["--cdf-load", "0.5"], "--cdf-load"),
+    (["--bogus"], "unrecognized arguments"),
+])
+def test_bad_bench_options_give_one_line_and_status_2(
+        capsys: pytest.CaptureFixture[str], argv: list[str], expected: str) -> None:
+    err = one_error_line(capsys, ["bench", "--trace", "synthetic-code", *argv])
+    assert expected in err
+
+
+def test_missing_catalogue_trace_says_how_to_fix_it(
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("CBGYM_TRACE_DIR", str(tmp_path))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    err = one_error_line(capsys, ["bench", "--trace", "azure-code-2023"])
+    assert "not found locally" in err and "CBGYM_TRACE_DIR" in err and "--download" in err
+
+
+def test_no_command_is_an_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert "bench" in one_error_line(capsys, [])
+
+
+def test_bench_help_documents_every_option(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["bench", "--help"])
+    assert exc.value.code == 0
+    text = capsys.readouterr().out
+    bench = build_parser()._subparsers._group_actions[0].choices["bench"]  # type: ignore[union-attr]
+    for action in bench._actions:
+        for option in action.option_strings:
+            assert option in text, option
+        assert action.help, action.option_strings
+
+
+def test_bench_command_prints_the_table_and_writes_files(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    code = main(["bench", "--trace", "synthetic-code", "--policies", "fcfs,cb-sjf-work",
+                 "--loads", "0.8", "--windows", "1", "--window-requests", "200",
+                 "--capacity-sample", "200", "--workers", "1", "--quiet", "--no-plots",
+                 "--out", str(tmp_path)])
+    assert code == 0
+    out = capsys.readouterr().out
+    assert "synthetic-code | cbsjf-paper" in out and "cb-sjf-work" in out
+    assert (tmp_path / "results.csv").is_file()
+    assert not list(tmp_path.glob("*.png"))
+
+
+def test_simulate_command_reruns_one_cell(capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["simulate", "--trace", "synthetic-code", "--requests", "150",
+                 "--policy", "oracle-work", "--load", "0.8", "--capacity-rps", "1.5", "--json"])
+    assert code == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["num_requests"] == 135  # 150 minus the 10% warm-up
+    assert np.isfinite(summary["mean_norm_latency_ms"])
