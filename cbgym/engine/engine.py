@@ -30,7 +30,7 @@ _GIB = 1 << 30
 WAITING, RUNNING = int(Status.WAITING), int(Status.RUNNING)  # plain ints: hot-path lookups
 # With nothing running and every waiting request held back, time moves by this much per tick.
 IDLE_TICK_S = 0.01
-MAX_IDLE_TICKS = 1_000_000
+MAX_IDLE_TICKS = 100_000
 
 
 CONSULT_MODES = ("on_change", "on_completion", "every_iteration", "always")
@@ -148,13 +148,21 @@ class Engine:
             if not (self.fast_forward and self._fast_forward(plan)):
                 self._iterate(self._standing, plan)
 
-    def decide(self, decision: Decision) -> None:
-        """Apply ``decision`` to the pending iteration and run it."""
+    def decide(self, decision: Decision, validate: bool = True) -> None:
+        """Apply ``decision`` to the pending iteration and run it.
+
+        Args:
+            decision: what to do this iteration.
+            validate: check every id the decision names (an :class:`InvalidDecisionError`
+                otherwise). Callers that build decisions only from the decision point's own
+                ids (the Gymnasium env decodes actions that way) may skip it.
+        """
         if self._pending is None:
             raise RuntimeError("Engine.decide() called with no pending decision point; "
                                "call next_decision() first")
         self._pending = None
-        self._validate(decision)
+        if validate:
+            self._validate(decision)
         for rid in decision.shed:
             self._shed(int(rid), decision.shed_reason)
         if decision.priority is not None and decision.order is None:

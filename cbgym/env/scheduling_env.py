@@ -429,7 +429,7 @@ class SchedulingEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
         """Run the pending iteration under ``decision`` and advance to the next decision."""
         eng = self._engine
         assert eng is not None
-        eng.decide(decision)
+        eng.decide(decision, validate=False)  # built from visible slots' own ids
         self._advance()
         return self._tracker.update(eng.now)
 
