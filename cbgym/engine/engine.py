@@ -595,7 +595,8 @@ class Engine:
         ctx = int(plan.computed.sum())
         stats = BatchStats(num_seqs=n, prefill_tokens=0, decode_seqs=n, sampled_seqs=n,
                            attn_q_ctx=ctx + n * k, attn_q_sq=n, kv_tokens=ctx + n * (k + 1))
-        dt = np.broadcast_to(np.asarray(self.cost.iteration_time(stats), np.float64), (k_max,))
+        dt = self.cost.iteration_time(stats)
+        dt = dt if isinstance(dt, np.ndarray) else np.full(k_max, float(dt))
         # summed from `now` one iteration at a time, exactly as the one-at-a-time loop rounds
         clock = np.cumsum(np.concatenate([[self.now], dt]))
         starts = clock[:-1]

@@ -196,16 +196,18 @@ class RooflineCostModel:
         tokens = stats.prefill_tokens + stats.decode_seqs
         rows = stats.sampled_seqs
         pairs = stats.attn_q_ctx + stats.attn_q_sq
+        # attention last: in a decode stretch it is the only term that varies, so everything
+        # before it stays a float and the array work is one maximum and one addition
         return (
             _max(self._lin_per_token * tokens, self._lin_weights)
             + _max(self._lm_per_row * rows, self._lm_weights * _min(rows, 1))
-            + _max(self._att_per_pair * pairs, self._att_per_kv_token * stats.kv_tokens)
             + _max(self._elem_per_token * tokens, self._elem_floor)
             + self._ar_fixed
             + self._ar_per_token * tokens
             + self.cpu_overhead_s
             + self.cpu_per_seq_s * stats.num_seqs
             + self._swap_per_byte * stats.swap_bytes
+            + _max(self._att_per_pair * pairs, self._att_per_kv_token * stats.kv_tokens)
         )
 
     def breakdown(self, stats: BatchStats) -> dict[str, Number]:
