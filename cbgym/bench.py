@@ -132,16 +132,8 @@ class BenchConfig:
 
     def engine_overrides(self) -> dict[str, Any]:
         """The EngineConfig fields this sweep sets on top of each preset."""
-        over: dict[str, Any] = {}
-        if self.max_num_seqs is not None:
-            over["max_num_seqs"] = self.max_num_seqs
-        if self.max_num_batched_tokens is not None:
-            over["max_num_batched_tokens"] = self.max_num_batched_tokens
-        if self.preemption is not None:
-            over["preemption"] = self.preemption
-        if not self.chunked_prefill:
-            over["chunked_prefill"] = False
-        return over
+        return engine_overrides(self.max_num_seqs, self.max_num_batched_tokens, self.preemption,
+                                self.chunked_prefill)
 
 
 @dataclass(frozen=True)
@@ -201,6 +193,21 @@ class BenchResult:
 
 
 # ---------------------------------------------------------------- resolving the inputs
+
+
+def engine_overrides(max_num_seqs: int | None, max_num_batched_tokens: int | None,
+                     preemption: str | None, chunked_prefill: bool) -> dict[str, Any]:
+    """EngineConfig fields given on the command line, to set on top of a preset."""
+    over: dict[str, Any] = {}
+    if max_num_seqs is not None:
+        over["max_num_seqs"] = max_num_seqs
+    if max_num_batched_tokens is not None:
+        over["max_num_batched_tokens"] = max_num_batched_tokens
+    if preemption is not None:
+        over["preemption"] = preemption
+    if not chunked_prefill:
+        over["chunked_prefill"] = False
+    return over
 
 
 def resolve_engine(preset: str, overrides: dict[str, Any] | None = None) -> EngineConfig:

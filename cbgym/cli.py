@@ -141,16 +141,10 @@ def _add_slo_options(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup
 
 
 def _engine_overrides(args: argparse.Namespace) -> dict[str, Any]:
-    over: dict[str, Any] = {}
-    if args.max_num_seqs is not None:
-        over["max_num_seqs"] = args.max_num_seqs
-    if args.max_num_batched_tokens is not None:
-        over["max_num_batched_tokens"] = args.max_num_batched_tokens
-    if args.preemption is not None:
-        over["preemption"] = args.preemption
-    if args.no_chunked_prefill:
-        over["chunked_prefill"] = False
-    return over
+    from cbgym.bench import engine_overrides
+
+    return engine_overrides(args.max_num_seqs, args.max_num_batched_tokens, args.preemption,
+                            not args.no_chunked_prefill)
 
 
 # ---------------------------------------------------------------- cbgym bench
