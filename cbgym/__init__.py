@@ -4,14 +4,16 @@ from cbgym.engine import Decision, DecisionPoint, EngineConfig, LinearCostModel,
 from cbgym.env import SchedulingEnv, SchedulingMaskedEnv, register_envs
 from cbgym.metrics import SLO, SimulationResult
 from cbgym.simulate import simulate
+from cbgym.workload import load_trace, synthetic_trace
+from cbgym.workload.scaling import measure_capacity, scale_to_load
 from cbgym.workload.trace import Trace
 
 __version__ = "0.1.0"
 
 __all__ = [
     "SLO", "Decision", "DecisionPoint", "EngineConfig", "LinearCostModel", "Policy",
-    "SchedulingEnv", "SchedulingMaskedEnv", "SimulationResult", "Trace", "simulate",
-    "__version__",
+    "SchedulingEnv", "SchedulingMaskedEnv", "SimulationResult", "Trace", "load_trace",
+    "measure_capacity", "scale_to_load", "simulate", "synthetic_trace", "__version__",
 ]
 
 register_envs()
