@@ -248,7 +248,8 @@ def _decision_point(waiting: np.ndarray, running: np.ndarray, n: int, *, free: i
         num_computed=zeros if computed is None else computed,
         num_generated=zeros if generated is None else generated, num_preemptions=zeros,
         tenant=zeros, slo_class=zeros, finished=np.empty(0, np.int64), last_iteration_s=0.01,
-        total_preemptions=0, config=cfg,
+        total_preemptions=0, config=cfg, running_need_blocks=np.zeros(len(running), np.int64),
+        kv_blocks_held=zeros,
     )
 
 

@@ -16,6 +16,8 @@ class FCFS(KeyPolicy):
     """
 
     name = "fcfs"
+    # its decision is always the engine's default, so the engine never needs to ask
+    consult = "never"
 
     def keys(self, view: QueueView) -> np.ndarray:
         return view.queue_pos.astype(np.float64)

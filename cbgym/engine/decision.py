@@ -116,6 +116,8 @@ class Policy:
     """Base class of scheduling policies: ``decide(DecisionPoint) -> Decision``.
 
     ``consult`` tells the engine when to ask:
+      * ``"never"``: the policy's decision is always vLLM's default (queue order, the most
+        recently admitted request as victim), so the engine applies it without asking.
       * ``"on_change"``: only when the waiting set changed (arrivals, re-queued or admitted
         requests) or memory runs short; in between, the engine keeps applying the last
         decision's order and holds (right for any policy whose ranking does not drift with
@@ -128,7 +130,8 @@ class Policy:
 
     name: ClassVar[str] = "policy"
     privileged: ClassVar[bool] = False
-    consult: ClassVar[Literal["on_change", "on_completion", "every_iteration"]] = "on_change"
+    consult: ClassVar[Literal["never", "on_change", "on_completion", "every_iteration", "always"]]
+    consult = "on_change"
 
     def reset(self, ctx: PolicyContext) -> None:
         """Called once before a simulation; keep ``ctx`` if needed."""

@@ -33,7 +33,7 @@ IDLE_TICK_S = 0.01
 MAX_IDLE_TICKS = 100_000
 
 
-CONSULT_MODES = ("on_change", "on_completion", "every_iteration", "always")
+CONSULT_MODES = ("never", "on_change", "on_completion", "every_iteration", "always")
 _VIEWS = ("arrival_s", "prompt", "computed", "generated", "preemptions", "tenant", "slo_class",
           "finish_order")
 
@@ -87,6 +87,9 @@ class Engine:
         # "always": stop before every iteration, even with nothing to decide (no skipping)
         self.consult_always = consult == "always"
         self.consult_on_completion = consult == "on_completion"
+        # "never": the policy's decisions are vLLM's defaults (FCFS order, latest-admitted
+        # victim), so there is nothing to ask; the engine applies the defaults itself
+        self.consult_never = consult == "never"
         self.fast_forward = fast_forward
         self.paper = config.paper_mode
         self.budget = np.iinfo(np.int64).max if self.paper else config.max_num_batched_tokens
@@ -142,7 +145,7 @@ class Engine:
             plan = self._running_plan()
             asks = self.consult_always or (
                 self.waiting and (self.consult_every_iteration or self._changed))
-            if plan.shortfall > 0 or asks:
+            if (plan.shortfall > 0 or asks) and not self.consult_never:
                 self._pending = self._decision_point(plan)
                 return self._pending
             if not (self.fast_forward and self._fast_forward(plan)):
@@ -611,7 +614,7 @@ class Engine:
 
     def _head_blocked(self, plan: _RunningPlan) -> bool:
         """Whether the standing order's first waiting request cannot be admitted now."""
-        if self.consult_every_iteration or self._changed:
+        if self.consult_every_iteration or (self._changed and not self.consult_never):
             return False
         order = self._admission_order(self._standing)
         if not order:
