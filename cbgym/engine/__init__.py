@@ -2,8 +2,14 @@
 
 from cbgym.engine.config import PAPER_PRESET, EngineConfig
 from cbgym.engine.cost_model import BatchStats, CostModel, LinearCostModel
-from cbgym.engine.decision import Decision, DecisionPoint, Policy, PolicyContext
-from cbgym.engine.engine import Engine, InvalidDecisionError
+from cbgym.engine.decision import (
+    Decision,
+    DecisionPoint,
+    InvalidDecisionError,
+    Policy,
+    PolicyContext,
+)
+from cbgym.engine.engine import Engine
 from cbgym.engine.requests import Status
 
 __all__ = [

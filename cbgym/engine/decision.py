@@ -100,6 +100,44 @@ class Decision:
 
 FCFS_DECISION = Decision()
 
+_WAITING, _RUNNING = 1, 2  # Status codes (cbgym.engine.requests.Status)
+_STATE_NAMES = {0: "PENDING", 1: "WAITING", 2: "RUNNING", 3: "FINISHED", 4: "SHED"}
+
+
+class InvalidDecisionError(ValueError):
+    """A Decision names a request that is not where the decision says it is."""
+
+
+def validate_decision(d: Decision, status: np.ndarray, num_waiting: int) -> None:
+    """Check every id a decision names against the requests' states; raise a clear error."""
+    _check_ids("order", d.order, status, _WAITING)
+    _check_ids("shed", d.shed, status, _WAITING)
+    _check_ids("victims", d.victims, status, _RUNNING)
+    _check_ids("preempt", d.preempt, status, _RUNNING)
+    if d.priority is not None and d.order is None:
+        pr = np.asarray(d.priority, dtype=np.float64)
+        if pr.shape != (num_waiting,) or not np.isfinite(pr).all():
+            raise InvalidDecisionError(
+                f"Decision.priority: expected {num_waiting} finite keys (one per waiting "
+                f"request), got shape {pr.shape}")
+
+
+def _check_ids(name: str, ids: object, status: np.ndarray, where: int) -> None:
+    """Every id of a Decision field must exist, once, in the state the field expects."""
+    if ids is None or len(ids) == 0:  # type: ignore[arg-type]
+        return
+    arr = np.asarray(ids, dtype=np.int64).reshape(-1)
+    if arr.min() < 0 or arr.max() >= len(status):
+        raise InvalidDecisionError(f"Decision.{name}: ids must be in [0, {len(status)})")
+    state = status[arr]
+    if (state != where).any():
+        bad = int(arr[np.flatnonzero(state != where)[0]])
+        raise InvalidDecisionError(
+            f"Decision.{name}: request {bad} is {_STATE_NAMES[int(status[bad])]}, "
+            f"expected {_STATE_NAMES[where]}")
+    if len(set(arr.tolist())) != arr.size:
+        raise InvalidDecisionError(f"Decision.{name}: ids repeat")
+
 
 @dataclass(frozen=True, slots=True)
 class PolicyContext:

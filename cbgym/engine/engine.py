@@ -20,7 +20,13 @@ import numpy as np
 
 from cbgym.engine.config import EngineConfig
 from cbgym.engine.cost_model import BatchStats
-from cbgym.engine.decision import FCFS_DECISION, Decision, DecisionPoint
+from cbgym.engine.decision import (
+    FCFS_DECISION,
+    Decision,
+    DecisionPoint,
+    validate_decision,
+)
+from cbgym.engine.fast_forward import advance_stretch
 from cbgym.engine.kv_cache import BlockManager
 from cbgym.engine.recorder import Recorder
 from cbgym.engine.requests import RequestTable, Status
@@ -38,12 +44,8 @@ _VIEWS = ("arrival_s", "prompt", "computed", "generated", "preemptions", "tenant
           "finish_order")
 
 
-class InvalidDecisionError(ValueError):
-    """A Decision names a request that is not where the decision says it is."""
-
-
 @dataclass(slots=True)
-class _RunningPlan:
+class RunningPlan:
     """What serving the running batch would take this iteration (vLLM's running loop)."""
 
     ids: np.ndarray  # running ids, in order
@@ -106,7 +108,7 @@ class Engine:
         self._changed = True  # the waiting set changed since the policy last decided
         self._standing: Decision = FCFS_DECISION  # last decision, re-applied until a change
         self._pending: DecisionPoint | None = None
-        self._plan: _RunningPlan | None = None
+        self._plan: RunningPlan | None = None
         self._idle_ticks = 0
         self._views = self._make_views()
         self._swap_bytes = 0
@@ -148,7 +150,7 @@ class Engine:
             if (plan.shortfall > 0 or asks) and not self.consult_never:
                 self._pending = self._decision_point(plan)
                 return self._pending
-            if not (self.fast_forward and self._fast_forward(plan)):
+            if not (self.fast_forward and advance_stretch(self, plan)):
                 self._iterate(self._standing, plan)
 
     def decide(self, decision: Decision, validate: bool = True) -> None:
@@ -165,7 +167,7 @@ class Engine:
                                "call next_decision() first")
         self._pending = None
         if validate:
-            self._validate(decision)
+            validate_decision(decision, self.req.status, len(self.waiting))
         for rid in decision.shed:
             self._shed(int(rid), decision.shed_reason)
         if decision.priority is not None and decision.order is None:
@@ -213,7 +215,7 @@ class Engine:
         return None
 
     # ------------------------------------------------------------------ decision points
-    def _running_plan(self) -> _RunningPlan:
+    def _running_plan(self) -> RunningPlan:
         """vLLM's running loop, vectorised: tokens per request under the budget, blocks needed."""
         if self._plan is not None:
             return self._plan
@@ -235,10 +237,10 @@ class Engine:
             need = -(-(computed + tokens) // self.kv.block_size) - self.kv.held[ids]
             np.maximum(need, 0, out=need)
         shortfall = max(int(need.sum()) - self.kv.free, 0)
-        self._plan = _RunningPlan(ids, computed, tokens, need, shortfall, decoding)
+        self._plan = RunningPlan(ids, computed, tokens, need, shortfall, decoding)
         return self._plan
 
-    def _decision_point(self, plan: _RunningPlan) -> DecisionPoint:
+    def _decision_point(self, plan: RunningPlan) -> DecisionPoint:
         req, ro = self.req, self._views
         return DecisionPoint(
             now=self.now,
@@ -263,42 +265,13 @@ class Engine:
             config=self.config,
         )
 
-    def _validate(self, d: Decision) -> None:
-        check = self._check_ids
-        check("order", d.order, WAITING)
-        check("shed", d.shed, WAITING)
-        check("victims", d.victims, RUNNING)
-        check("preempt", d.preempt, RUNNING)
-        if d.priority is not None and d.order is None:
-            pr = np.asarray(d.priority, dtype=np.float64)
-            if pr.shape != (len(self.waiting),) or not np.isfinite(pr).all():
-                raise InvalidDecisionError(
-                    f"Decision.priority: expected {len(self.waiting)} finite keys (one per "
-                    f"waiting request), got shape {pr.shape}")
-
-    def _check_ids(self, name: str, ids: object, where: int) -> None:
-        """Every id of a Decision field must exist, once, in the state the field expects."""
-        if ids is None or len(ids) == 0:  # type: ignore[arg-type]
-            return
-        arr = np.asarray(ids, dtype=np.int64).reshape(-1)
-        if arr.min() < 0 or arr.max() >= self.req.n:
-            raise InvalidDecisionError(f"Decision.{name}: ids must be in [0, {self.req.n})")
-        status = self.req.status[arr]
-        if (status != where).any():
-            bad = int(arr[np.flatnonzero(status != where)[0]])
-            raise InvalidDecisionError(
-                f"Decision.{name}: request {bad} is {Status(self.req.status[bad]).name}, "
-                f"expected {Status(where).name}")
-        if len(set(arr.tolist())) != arr.size:
-            raise InvalidDecisionError(f"Decision.{name}: ids repeat")
-
     def _order_by_priority(self, d: Decision) -> Decision:
         waiting = np.fromiter(self.waiting, np.int64, len(self.waiting))
         order = waiting[np.argsort(np.asarray(d.priority, dtype=np.float64), kind="stable")]
         return Decision(order=order, victims=d.victims, preempt=d.preempt)
 
     # ------------------------------------------------------------------ one iteration
-    def _iterate(self, d: Decision, plan: _RunningPlan | None) -> None:
+    def _iterate(self, d: Decision, plan: RunningPlan | None) -> None:
         """Schedule and run one iteration under decision ``d``."""
         self._swap_bytes = 0
         self._preempted_now = 0
@@ -315,7 +288,7 @@ class Engine:
         if d.preempt:  # a voluntary eviction is consumed; the order stands
             self._standing = Decision(order=d.order, victims=d.victims)
 
-    def _schedule(self, d: Decision, plan: _RunningPlan) -> tuple[np.ndarray, np.ndarray]:
+    def _schedule(self, d: Decision, plan: RunningPlan) -> tuple[np.ndarray, np.ndarray]:
         budget = self.budget
         # First, schedule the RUNNING requests.
         if plan.shortfall == 0 and not self._any_too_long(plan):
@@ -338,7 +311,7 @@ class Engine:
         assert int(tokens.sum()) <= self.budget and len(self.running) <= self.config.max_num_seqs
         return ids, tokens
 
-    def _any_too_long(self, plan: _RunningPlan) -> bool:
+    def _any_too_long(self, plan: RunningPlan) -> bool:
         if self.config.max_model_len is None:
             return False
         return bool(np.any(plan.computed + plan.tokens > self.config.max_model_len))
@@ -566,97 +539,3 @@ class Engine:
         self.running = [r for r in self.running if r not in ended]
         if self.consult_on_completion:
             self._changed = True
-
-    # ------------------------------------------------------------------ fast-forward
-    def _fast_forward(self, plan: _RunningPlan) -> bool:
-        """Run a stretch of decode-only iterations with nothing to decide in one computation.
-
-        Valid while every running request decodes one token, nobody can be admitted (the queue
-        is empty or its head is blocked, which stays true as memory only shrinks), nobody
-        finishes before the stretch's last iteration, no request arrives, and memory lasts.
-        Produces exactly the iterations the one-at-a-time loop would.
-        """
-        req, kv = self.req, self.kv
-        n = len(plan.ids)
-        if not plan.decoding or n > self.budget:
-            return False
-        if self.waiting and not self._head_blocked(plan):
-            return False
-        k_finish = int((req.output[plan.ids] - req.generated[plan.ids]).min())
-        k_max = k_finish
-        if self.config.max_model_len is not None:
-            room = self.config.max_model_len - req.tokens[plan.ids]
-            k_max = min(k_max, int(room.min()))
-        if k_max < 2:
-            return False
-        steps = np.arange(1, k_max + 1)
-        need = self._stretch_blocks(plan.computed, steps)
-        k_max = int(np.searchsorted(need, kv.free, side="right"))
-        if k_max < 2:
-            return False
-        k = np.arange(k_max)
-        ctx = int(plan.computed.sum())
-        stats = BatchStats(num_seqs=n, prefill_tokens=0, decode_seqs=n, sampled_seqs=n,
-                           attn_q_ctx=ctx + n * k, attn_q_sq=n, kv_tokens=ctx + n * (k + 1))
-        dt = self.cost.iteration_time(stats)
-        dt = dt if isinstance(dt, np.ndarray) else np.full(k_max, float(dt))
-        # summed from `now` one iteration at a time, exactly as the one-at-a-time loop rounds
-        clock = np.cumsum(np.concatenate([[self.now], dt]))
-        starts = clock[:-1]
-        if self._next_arrival < req.n:
-            k_max = int(np.searchsorted(starts, req.arrival_s[self._next_arrival], side="left"))
-        if k_max < 2:
-            return False
-        self._apply_stretch(plan, k_max, starts[:k_max], dt[:k_max], need[:k_max])
-        if k_max == k_finish or self.config.max_model_len is not None:
-            self._retire(plan.ids)
-        return True
-
-    def _head_blocked(self, plan: _RunningPlan) -> bool:
-        """Whether the standing order's first waiting request cannot be admitted now."""
-        if self.consult_every_iteration or (self._changed and not self.consult_never):
-            return False
-        order = self._admission_order(self._standing)
-        if not order:
-            return True  # everything waiting is held back
-        if len(self.running) >= self.config.max_num_seqs:
-            return True
-        head = order[0]
-        if self.paper:
-            return self.kv.blocks_for(int(self.req.prompt[head] + self.req.output[head])) > \
-                self.kv.free
-        budget = self.budget - len(plan.ids)
-        total = self.req.num_tokens(head)
-        new = total - int(self.req.host_tokens[head])
-        if budget <= 0 or (not self.config.chunked_prefill and new > budget):
-            return True
-        return self.kv.blocks_for(total) > self.kv.free - int(plan.need.sum())
-
-    def _stretch_blocks(self, computed: np.ndarray, steps: np.ndarray) -> np.ndarray:
-        """New blocks the batch needs to hold ``computed + s`` tokens each, for every s."""
-        if self.paper:
-            return np.zeros(len(steps), np.int64)
-        bs = self.kv.block_size
-        # Request i (r_i tokens of room left in its last block) needs its j-th new block at
-        # step r_i + 1 + (j - 1) bs. Writing s - 1 = q bs + t, it holds q + [r_i <= t] new
-        # blocks after s steps, so the batch needs n q + #{i: r_i <= t}.
-        slack = (-computed) % bs
-        at_most = np.cumsum(np.bincount(slack, minlength=bs))
-        q, t = np.divmod(steps - 1, bs)
-        return len(computed) * q + at_most[t]
-
-    def _apply_stretch(self, plan: _RunningPlan, k: int, starts: np.ndarray, dt: np.ndarray,
-                       need: np.ndarray) -> None:
-        req, ids = self.req, plan.ids
-        used0 = self.kv.used
-        req.computed[ids] += k
-        req.generated[ids] += k
-        req.tokens[ids] += k
-        if not self.paper:  # decoding requests hold exactly the blocks their computed tokens need
-            self.kv.set_held(ids, -(-req.computed[ids] // self.kv.block_size), int(need[-1]))
-        self.recorder.stretch(starts, dt, used0 + need, len(self.waiting), len(ids))
-        self.recorder.batch_stretch(self.iteration, k, ids)
-        self.iteration += k
-        self.now = float(starts[-1] + dt[-1])
-        self.last_iteration_s = float(dt[-1])
-        self._plan = None

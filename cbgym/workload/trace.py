@@ -14,6 +14,43 @@ def _frozen(values: Any, dtype: type, name: str) -> np.ndarray:
     return arr
 
 
+def _check_columns(arrival: np.ndarray, cols: dict[str, np.ndarray]) -> None:
+    """Every column as long as arrival_s; finite sorted arrivals; token counts integers >= 1."""
+    n = arrival.size
+    for col, values in cols.items():
+        if values.size != n:
+            raise ValueError(f"Trace.from_arrays: {col} has {values.size} entries, arrival_s {n}")
+    bad = np.flatnonzero(~np.isfinite(arrival))
+    if bad.size:
+        raise ValueError(
+            f"Trace.from_arrays: arrival_s[{bad[0]}] is {arrival[bad[0]]}; expected finite")
+    back = np.flatnonzero(np.diff(arrival) < 0)
+    if back.size:
+        i = back[0] + 1
+        raise ValueError(
+            f"Trace.from_arrays: arrival_s[{i}]={arrival[i]} is before arrival_s[{i - 1}]="
+            f"{arrival[i - 1]}; expected non-decreasing arrival times")
+    for col in ("prompt_tokens", "output_tokens"):
+        values = cols[col]
+        as_float = values.astype(np.float64)
+        bad = np.flatnonzero(
+            ~np.isfinite(as_float) | (as_float < 1) | (as_float != np.round(as_float)))
+        if bad.size:
+            raise ValueError(
+                f"Trace.from_arrays: {col}[{bad[0]}] is {values[bad[0]]}; "
+                "expected an integer >= 1")
+
+
+def _frozen_extra(key: str, values: Any, n: int) -> np.ndarray:
+    """A read-only copy of per-request side data (object arrays stay object arrays)."""
+    arr = np.asarray(values, dtype=object if np.asarray(values).dtype == object else None)
+    if len(arr) != n:
+        raise ValueError(f"Trace.from_arrays: extra[{key!r}] has {len(arr)} entries, expected {n}")
+    arr = arr.copy()
+    arr.flags.writeable = False
+    return arr
+
+
 @dataclass(frozen=True, eq=False)
 class Trace:
     """A request trace as columns: one entry per request, sorted by arrival time.
@@ -57,64 +94,21 @@ class Trace:
         """
         arrival = np.asarray(arrival_s, dtype=np.float64).reshape(-1)
         n = arrival.size
-        prompt = np.asarray(prompt_tokens).reshape(-1)
-        output = np.asarray(output_tokens).reshape(-1)
-        cols = {"prompt_tokens": prompt, "output_tokens": output}
-        if tenant is not None:
-            cols["tenant"] = np.asarray(tenant).reshape(-1)
-        if slo_class is not None:
-            cols["slo_class"] = np.asarray(slo_class).reshape(-1)
-        for col, values in cols.items():
-            if values.size != n:
-                raise ValueError(
-                    f"Trace.from_arrays: {col} has {values.size} entries, arrival_s {n}"
-                )
-        bad = np.flatnonzero(~np.isfinite(arrival))
-        if bad.size:
-            raise ValueError(
-                f"Trace.from_arrays: arrival_s[{bad[0]}] is {arrival[bad[0]]}; expected finite"
-            )
-        if n > 1:
-            back = np.flatnonzero(np.diff(arrival) < 0)
-            if back.size:
-                i = back[0] + 1
-                raise ValueError(
-                    f"Trace.from_arrays: arrival_s[{i}]={arrival[i]} is before arrival_s[{i - 1}]="
-                    f"{arrival[i - 1]}; expected non-decreasing arrival times"
-                )
-        for col in ("prompt_tokens", "output_tokens"):
-            values = cols[col]
-            as_float = values.astype(np.float64)
-            bad = np.flatnonzero(
-                ~np.isfinite(as_float) | (as_float < 1) | (as_float != np.round(as_float))
-            )
-            if bad.size:
-                raise ValueError(
-                    f"Trace.from_arrays: {col}[{bad[0]}] is {values[bad[0]]}; "
-                    "expected an integer >= 1"
-                )
+        cols = {"prompt_tokens": prompt_tokens, "output_tokens": output_tokens,
+                "tenant": np.zeros(n) if tenant is None else tenant,
+                "slo_class": np.zeros(n) if slo_class is None else slo_class}
+        cols = {k: np.asarray(v).reshape(-1) for k, v in cols.items()}
+        _check_columns(arrival, cols)
         if rebase and n:
             arrival = arrival - arrival[0]
-        extra_cols = {}
-        for key, values in (extra or {}).items():
-            arr = np.asarray(values, dtype=object if np.asarray(values).dtype == object else None)
-            if len(arr) != n:
-                raise ValueError(
-                    f"Trace.from_arrays: extra[{key!r}] has {len(arr)} entries, expected {n}"
-                )
-            arr = arr.copy()
-            arr.flags.writeable = False
-            extra_cols[key] = arr
         return cls(
             arrival_s=_frozen(arrival, np.float64, "arrival_s"),
-            prompt_tokens=_frozen(prompt, np.int64, "prompt_tokens"),
-            output_tokens=_frozen(output, np.int64, "output_tokens"),
-            tenant=_frozen(np.zeros(n) if tenant is None else cols["tenant"], np.int32, "tenant"),
-            slo_class=_frozen(
-                np.zeros(n) if slo_class is None else cols["slo_class"], np.int16, "slo_class"
-            ),
+            prompt_tokens=_frozen(cols["prompt_tokens"], np.int64, "prompt_tokens"),
+            output_tokens=_frozen(cols["output_tokens"], np.int64, "output_tokens"),
+            tenant=_frozen(cols["tenant"], np.int32, "tenant"),
+            slo_class=_frozen(cols["slo_class"], np.int16, "slo_class"),
             name=name,
-            extra=extra_cols,
+            extra={key: _frozen_extra(key, values, n) for key, values in (extra or {}).items()},
         )
 
     def __len__(self) -> int:
