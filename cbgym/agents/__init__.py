@@ -32,6 +32,7 @@ from cbgym.agents.aging import (
 from cbgym.agents.base import KeyPolicy, QueueView
 from cbgym.agents.cb_sjf_work import CBSJFWork
 from cbgym.agents.fcfs import FCFS
+from cbgym.agents.learned import LearnedPolicy
 from cbgym.agents.ljf_work import LJFWork
 from cbgym.agents.noisy_oracle import NoisyOracle, NoisyOracleWork
 from cbgym.agents.oracle_srpt import OracleSRPT
@@ -44,7 +45,7 @@ from cbgym.engine.decision import Policy
 POLICIES: dict[str, type[Policy]] = {
     cls.name: cls
     for cls in (FCFS, SJFCtx, CBSJFWork, LJFWork, RandomOrder, OracleSJF, OracleWork,
-                OracleSRPT, NoisyOracle, NoisyOracleWork, *AGING_POLICIES)
+                OracleSRPT, NoisyOracle, NoisyOracleWork, *AGING_POLICIES, LearnedPolicy)
 }
 
 

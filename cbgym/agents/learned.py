@@ -1,0 +1,245 @@
+"""The ``learned`` policy: a trained stable-baselines3 model scheduling from DecisionPoints.
+
+``make_policy("learned:PATH")`` (or ``learned:NAME`` for a checkpoint shipped in
+``cbgym/agents/checkpoints/``, ``learned`` alone for ``default``) runs a model trained by
+``train.py`` anywhere a baseline runs: ``cbgym.simulate(trace, policy="learned:default")``,
+``cbgym bench --policies fcfs,learned:default``. At each decision point it builds the exact
+observation the environment would have shown (the env's own :class:`ObservationEncoder`, the
+same visible windows), asks the model for its deterministic action, and turns it into a
+:class:`~cbgym.engine.Decision` with the env's own decoder, so an episode played on the env and
+the same window replayed through ``cbgym.simulate`` give identical results (tested).
+
+Loading needs the ``train`` extra (torch, stable-baselines3, sb3-contrib); importing this
+module does not.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from cbgym.engine.decision import Decision, DecisionPoint, Policy, PolicyContext
+from cbgym.metrics import SLO, slo_arrays
+
+# NOTE: cbgym.env imports cbgym.agents (the output statistic), so the env's encoder and
+# decoder are imported where they are used, not here (a circular import otherwise).
+
+__all__ = ["CHECKPOINT_DIR", "LearnedPolicy", "checkpoint_path", "load_model", "read_card",
+           "shipped_names", "visible_waiting"]
+
+CHECKPOINT_DIR = Path(__file__).with_name("checkpoints")
+META_KEY = "cbgym"  # attribute of the SB3 model (saved in its zip) holding the env settings
+# the env's own defaults: how a zip that carries no settings (e.g. an rl-zoo3 run) is decoded
+DEFAULT_META: dict[str, Any] = {
+    "algo": "ppo", "window_rule": "oldest", "hold_threshold": -0.5, "shed_threshold": -0.99,
+    "slo": {"ttft_s": 2.0, "tpot_s": 0.1},
+}
+
+
+def shipped_names() -> list[str]:
+    """Names of the checkpoints shipped with the package (``learned:NAME``)."""
+    return sorted(p.stem for p in CHECKPOINT_DIR.glob("*.zip"))
+
+
+def checkpoint_path(spec: str) -> Path:
+    """The zip a ``learned:`` argument names: a shipped checkpoint name or a file path."""
+    if (CHECKPOINT_DIR / f"{spec}.zip").is_file():
+        return CHECKPOINT_DIR / f"{spec}.zip"
+    path = Path(spec).expanduser()
+    for candidate in (path, path.with_name(path.name + ".zip")):
+        if candidate.is_file():
+            return candidate
+    raise ValueError(f"policy 'learned': no checkpoint {spec!r}: not a file, nor a shipped "
+                     f"name ({', '.join(shipped_names()) or 'none shipped'})")
+
+
+def load_model(path: str | Path) -> Any:
+    """Load a PPO or MaskablePPO zip saved by ``train.py`` (CPU, no environment attached)."""
+    try:
+        from sb3_contrib import MaskablePPO
+        from stable_baselines3 import PPO
+        from stable_baselines3.common.save_util import load_from_zip_file
+    except ImportError as exc:  # the train extra is optional
+        raise ImportError("policy 'learned' needs torch and stable-baselines3: "
+                          "pip install 'cbgym[train]'") from exc
+    data, _, _ = load_from_zip_file(path, device="cpu", load_data=True)
+    algo = (data or {}).get(META_KEY, {}).get("algo")
+    if algo is None:  # a zip from elsewhere: a Discrete action space means micro-steps
+        algo = "maskable_ppo" if hasattr((data or {}).get("action_space"), "n") else "ppo"
+    cls = MaskablePPO if algo == "maskable_ppo" else PPO
+    return cls.load(path, device="cpu")
+
+
+@functools.lru_cache(maxsize=8)
+def _cached_model(path: str, mtime_ns: int) -> Any:
+    """One loaded model per file version: a benchmark builds the policy once per cell, and
+    acting never changes the model, so the policies of one process can share it."""
+    return load_model(path)
+
+
+def visible_waiting(dp: DecisionPoint, K: int, window_rule: str) -> np.ndarray:
+    """The waiting ids the env shows in its K slots (``SchedulingEnv._visible_waiting``)."""
+    waiting = dp.waiting
+    if len(waiting) <= K:
+        return waiting
+    if window_rule == "oldest":
+        return waiting[:K]
+    pick = np.argsort(dp.prompt_tokens[waiting], kind="stable")[:K]
+    pick.sort()  # shown in queue order, as the env does
+    return waiting[pick]
+
+
+def _single_threaded_torch() -> None:
+    """One intra-op thread: these nets are tiny, and on a busy 2-core machine torch's default
+    pool made one forward pass 30x slower (30 ms instead of 1 ms, measured)."""
+    import torch
+
+    if torch.get_num_threads() != 1:
+        torch.set_num_threads(1)
+
+
+class LearnedPolicy(Policy):
+    """A trained SB3 model acting on the env's observation of each decision point.
+
+    Args:
+        model: a shipped checkpoint name (``"default"``), a path to a zip saved by
+            ``train.py``, or an already loaded SB3 model (the training evaluation uses this).
+
+    Acts deterministically (the mean score, or the most likely micro-step). The shedding rule
+    uses the SLO the model was trained with (stored in its zip), not the run's.
+
+    One safeguard differs from the env: when nothing is running and the model would hold every
+    visible request (or STOP before admitting any), the engine would only idle, and a
+    deterministic policy can keep doing so until the engine gives up (``RuntimeError`` after
+    its idle-tick limit). The policy then admits its best-scored request instead and counts
+    it in ``idle_overrides``. Everywhere else it acts exactly as on the env.
+    """
+
+    name = "learned"
+    # the env asks at every iteration with something to decide; so must the policy, or it
+    # would act on different observations than the ones it was trained on
+    consult = "every_iteration"
+
+    def __init__(self, model: Any = "default") -> None:
+        if isinstance(model, str | Path):
+            source = str(model)
+            path = checkpoint_path(source).resolve()
+            model = _cached_model(str(path), path.stat().st_mtime_ns)
+        else:
+            source = "in-memory"
+        _single_threaded_torch()
+        self.model = model
+        self.label = f"{self.name}:{source}"
+        self.meta = {**DEFAULT_META, **(getattr(model, META_KEY, None) or {})}
+        space = model.observation_space
+        self.K = int(space["waiting_mask"].shape[0])
+        self.R = int(space["running_mask"].shape[0])
+        self.masked = hasattr(model.action_space, "n")
+        from cbgym.env.action import ScoreLayout
+
+        self.layout = ScoreLayout(self.K, self.R)
+        self.slo = SLO(**self.meta["slo"])
+
+    def reset(self, ctx: PolicyContext) -> None:
+        from cbgym.env.observation import ObservationEncoder
+
+        super().reset(ctx)
+        cfg = ctx.config
+        self.encoder = ObservationEncoder(self.K, self.R, cfg.max_num_batched_tokens,
+                                          cfg.max_num_seqs)
+        self._ttft_target: np.ndarray | None = None
+        self.idle_overrides = 0  # decisions where the engine-idling guard stepped in
+
+    def decide(self, dp: DecisionPoint) -> Decision:
+        if self._ttft_target is None:  # first decision: per-request columns are now known
+            self.encoder.start_episode(dp.arrival_s, dp.prompt_tokens, dp.tenant, dp.slo_class)
+            self._ttft_target = slo_arrays(self.slo, dp.slo_class)[0]
+        w_ids = visible_waiting(dp, self.K, self.meta["window_rule"])
+        r_ids = dp.running[-self.R:]
+        if self.masked:
+            return self._decide_masked(dp, w_ids, r_ids)
+        from cbgym.env.action import decode_scores
+
+        action = self._predict(self.encoder.encode(dp, w_ids, r_ids))
+        target = self._ttft_target
+        assert target is not None
+
+        def late() -> np.ndarray:
+            return dp.now - dp.arrival_s[w_ids] > target[w_ids]
+
+        decision = decode_scores(action, self.layout, w_ids, r_ids,
+                                 self.meta["hold_threshold"], self.meta["shed_threshold"], late,
+                                 dp.shortfall_blocks > 0)
+        if len(dp.running) or len(decision.order):  # type: ignore[arg-type]
+            return decision
+        # NOTE: the engine would idle; admit the best-scored request instead (see the class doc)
+        keep = ~np.isin(w_ids, np.asarray(decision.shed, dtype=np.int64))
+        if not keep.any():
+            return decision
+        self.idle_overrides += 1
+        best = w_ids[keep][np.argmax(action[: len(w_ids)][keep])]
+        return dataclasses.replace(decision, order=np.array([best]))
+
+    def _decide_masked(self, dp: DecisionPoint, w_ids: np.ndarray,
+                       r_ids: np.ndarray) -> Decision:
+        """Micro-steps as ``SchedulingMasked-v0`` plays them, until STOP or nothing is left."""
+        from cbgym.env.action import MicroStepState
+
+        K, R = self.K, self.R
+        frees = np.empty(0, np.int64)
+        if dp.shortfall_blocks > 0:  # what each victim frees (``SchedulingEnv._victim_frees``)
+            frees = (dp.kv_blocks_held[dp.running] + dp.running_need_blocks)[-R:]
+        ms = MicroStepState(dp.shortfall_blocks, len(w_ids), len(r_ids), frees)
+        # NOTE: STOP before any admission with nothing running would idle the engine: refused
+        idle = len(dp.running) == 0 and dp.shortfall_blocks == 0 and len(w_ids) > 0
+        while True:
+            logits = self._forward(self.encoder.encode(dp, w_ids, r_ids, ms.chosen_w,
+                                                       ms.chosen_r))
+            mask = ms.mask(K, R)
+            i = _masked_argmax(logits, mask)
+            if i == K + R and idle and not ms.chosen_w:
+                mask[K + R] = 0
+                i = _masked_argmax(logits, mask)
+                self.idle_overrides += 1
+            if i == K + R:
+                break
+            (ms.chosen_w if i < K else ms.chosen_r).append(i if i < K else i - K)
+            if ms.ready():
+                break
+        return ms.decision(w_ids, r_ids)
+
+    def _predict(self, obs: dict[str, np.ndarray]) -> np.ndarray:
+        """The deterministic scores, as ``policy.predict(obs, deterministic=True)`` gives them
+        (the Gaussian's mode, clipped to the Box as SB3 clips it)."""
+        return np.clip(self._forward(obs), -1.0, 1.0)
+
+    def _forward(self, obs: dict[str, np.ndarray]) -> np.ndarray:
+        """The network's action output for one observation: score means, or logits.
+
+        Calls the network directly: SB3's ``predict`` spends most of its time on checks and
+        conversions that matter little for one observation at a time (2x slower here).
+        """
+        import torch as th
+
+        policy = self.model.policy
+        with th.no_grad():
+            batch = {k: th.as_tensor(v).unsqueeze(0) for k, v in obs.items()}
+            features = policy.extract_features(batch)
+            if isinstance(features, tuple):  # separate actor / critic extractors
+                features = features[0]
+            return policy.action_net(policy.mlp_extractor.forward_actor(features))[0].numpy()
+
+
+def _masked_argmax(logits: np.ndarray, mask: np.ndarray) -> int:
+    """The most likely allowed micro-step (MaskablePPO's deterministic action)."""
+    return int(np.argmax(np.where(mask.astype(bool), logits, -np.inf)))
+
+
+def read_card(name: str = "default") -> dict[str, Any]:
+    """The configuration and evaluation JSON shipped next to a checkpoint (``NAME.json``)."""
+    return json.loads((CHECKPOINT_DIR / f"{name}.json").read_text())

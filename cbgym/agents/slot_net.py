@@ -1,0 +1,173 @@
+"""A permutation-equivariant slot scorer for stable-baselines3 policies (needs torch).
+
+The scheduling env's action is one score per waiting slot and one per running slot (or, in the
+masked variant, one logit per slot plus STOP). A plain MLP over the flattened observation must
+learn "short prompt => high score" separately for each of the K + R slot positions; here one
+small network scores every slot from that slot's features and a shared context of the global
+features, as Decima scores every node and RLScheduler shares one kernel across its job slots.
+The same ranking rule then applies wherever a request sits in the window, and learns K times
+faster.
+
+* :class:`SlotScorer` is the ``mlp_extractor``: its policy latent *is* the action mean (or the
+  logits), so the policy's ``action_net`` becomes the identity; its value latent comes from a
+  plain MLP over every feature.
+* :class:`SlotPolicy` (PPO, ``Box`` scores) and :class:`MaskableSlotPolicy` (MaskablePPO,
+  ``Discrete(K + R + 1)``) plug it into SB3's ``MultiInputPolicy`` classes, so saving, loading
+  and ``predict`` work unchanged. SB3 stores the policy class by import path in its zip: keep
+  this module where it is.
+
+Each slot also gets soft "waited longer than X s" flags (X = 0.25 s ... 32 s). The observation
+scales waiting time logarithmically, so 1.6 s and 2.5 s differ by 0.02 in the input: an MLP
+needs many updates to grow weights steep enough to act on an SLO deadline (measured: without
+the flags, PPO never learned to shed requests that had missed their TTFT). Fixed steps make
+"past the deadline" one weight away.
+
+Two global features are left out of the scores: ``sim_time`` and ``total_preemptions`` count
+from the start of an episode, so a policy trained on 512-request windows would see values it
+never met on a full trace (``cbgym bench``). The critic keeps them (episode progress helps the
+value, and the critic is not used to act).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch as th
+from gymnasium import spaces
+from sb3_contrib.common.maskable.policies import MaskableMultiInputActorCriticPolicy
+from stable_baselines3.common.policies import MultiInputActorCriticPolicy
+from stable_baselines3.common.preprocessing import get_flattened_obs_dim
+from torch import nn
+
+from cbgym.env.observation import SLOT_FEATURES, global_index, slot_index, time_scale
+
+__all__ = ["MaskableSlotPolicy", "SlotPolicy", "SlotScorer"]
+
+# episode-cumulative global features the scores ignore (see the module docstring)
+NON_STATIONARY_GLOBALS = ("sim_time", "total_preemptions")
+# "waited longer than X seconds" soft flags added to every slot (see SlotScorer)
+WAIT_THRESHOLDS_S = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0)
+_WAIT_SHARPNESS = 300.0  # per scaled unit: a flag goes from 0.2 to 0.8 within +-10% of X
+
+
+_TIME = slot_index("time_in_system")
+
+
+def _mlp(sizes: list[int], act: type[nn.Module]) -> nn.Sequential:
+    layers: list[nn.Module] = []
+    for a, b in zip(sizes, sizes[1:], strict=False):
+        layers += [nn.Linear(a, b), act()]
+    return nn.Sequential(*layers[:-1])  # no activation after the output layer
+
+
+class SlotScorer(nn.Module):
+    """Scores every waiting and running slot with shared weights; an MLP critic.
+
+    Args:
+        space: the env's ``Dict`` observation space (SB3's ``CombinedExtractor`` flattens it
+            key by key in this order, which fixes where each key lies in the features).
+        hidden: hidden layer sizes of the slot scorer and of the critic.
+        stop_logit: add one more output (the masked variant's STOP) computed from the context.
+        act: activation function.
+    """
+
+    def __init__(self, space: spaces.Dict, hidden: list[int], stop_logit: bool = False,
+                 act: type[nn.Module] = nn.Tanh) -> None:
+        super().__init__()
+        self.slices: dict[str, slice] = {}
+        start = 0
+        for key, sub in space.spaces.items():
+            size = get_flattened_obs_dim(sub)
+            self.slices[key] = slice(start, start + size)
+            start += size
+        self.K = self.slices["waiting_mask"].stop - self.slices["waiting_mask"].start
+        self.R = self.slices["running_mask"].stop - self.slices["running_mask"].start
+        self.F = (self.slices["waiting"].stop - self.slices["waiting"].start) // self.K
+        assert self.F == len(SLOT_FEATURES), "observation layout changed"
+        self.register_buffer("wait_centers", th.as_tensor(
+            time_scale(np.array(WAIT_THRESHOLDS_S)), dtype=th.float32), persistent=False)
+        slot_in = self.F + len(WAIT_THRESHOLDS_S)
+        n_global = self.slices["global"].stop - self.slices["global"].start
+        keep = np.ones(n_global, dtype=bool)
+        keep[[global_index(name) for name in NON_STATIONARY_GLOBALS]] = False
+        self.register_buffer("keep", th.as_tensor(np.flatnonzero(keep)), persistent=False)
+        width = hidden[0]
+        self.context = nn.Sequential(nn.Linear(int(keep.sum()), width), act())
+        self.waiting_head = _mlp([slot_in + width, *hidden, 1], act)
+        self.running_head = _mlp([slot_in + width, *hidden, 1], act)
+        self.stop_head = nn.Linear(width, 1) if stop_logit else None
+        self.critic = nn.Sequential(_mlp([start, *hidden], act), act())
+        self.latent_dim_pi = self.K + self.R + int(stop_logit)
+        self.latent_dim_vf = hidden[-1]
+
+    def output_layers(self) -> list[nn.Linear]:
+        """The layers that produce scores (initialised small, as SB3 does for its action net)."""
+        heads = [self.waiting_head[-1], self.running_head[-1]]
+        return heads + ([self.stop_head] if self.stop_head is not None else [])
+
+    def forward(self, features: th.Tensor) -> tuple[th.Tensor, th.Tensor]:
+        return self.forward_actor(features), self.forward_critic(features)
+
+    def forward_actor(self, features: th.Tensor) -> th.Tensor:
+        """One score per waiting slot, then per running slot (then STOP); 0 for empty slots."""
+        s = self.slices
+        ctx = self.context(features[:, s["global"]].index_select(1, self.keep))
+        out = [self._score(self.waiting_head, features[:, s["waiting"]],
+                           features[:, s["waiting_mask"]], ctx, self.K),
+               self._score(self.running_head, features[:, s["running"]],
+                           features[:, s["running_mask"]], ctx, self.R)]
+        if self.stop_head is not None:
+            out.append(self.stop_head(ctx))
+        return th.cat(out, dim=1)
+
+    def _score(self, head: nn.Module, slots: th.Tensor, mask: th.Tensor, ctx: th.Tensor,
+               n: int) -> th.Tensor:
+        per_slot = slots.reshape(-1, n, self.F)
+        waited = per_slot[:, :, _TIME : _TIME + 1]
+        flags = th.sigmoid((waited - self.wait_centers) * _WAIT_SHARPNESS)
+        joined = th.cat((per_slot, flags, ctx.unsqueeze(1).expand(-1, n, -1)), dim=2)
+        return head(joined).squeeze(-1) * mask
+
+    def forward_critic(self, features: th.Tensor) -> th.Tensor:
+        return self.critic(features)
+
+
+def _hidden(net_arch: Any) -> list[int]:
+    if isinstance(net_arch, dict):
+        return list(net_arch.get("pi", [64, 64]))
+    return list(net_arch or [64, 64])
+
+
+class _SlotBuild:
+    """Shared ``_build``: the scorer's latent is the action, so ``action_net`` is the identity."""
+
+    observation_space: spaces.Dict
+    net_arch: Any
+    activation_fn: type[nn.Module]
+    stop_logit: bool = False
+
+    def _build_mlp_extractor(self) -> None:
+        self.mlp_extractor = SlotScorer(self.observation_space, _hidden(self.net_arch),
+                                        stop_logit=self.stop_logit, act=self.activation_fn)
+
+    def _build(self, lr_schedule: Callable[[float], float]) -> None:
+        super()._build(lr_schedule)  # type: ignore[misc]
+        self.action_net = nn.Identity()
+        for layer in self.mlp_extractor.output_layers():
+            nn.init.orthogonal_(layer.weight, gain=0.01)
+            nn.init.zeros_(layer.bias)
+        # rebuilt so that the dropped linear action net's parameters are not optimised
+        self.optimizer = self.optimizer_class(  # type: ignore[attr-defined]
+            self.parameters(), lr=lr_schedule(1), **self.optimizer_kwargs)  # type: ignore
+
+
+class SlotPolicy(_SlotBuild, MultiInputActorCriticPolicy):
+    """PPO policy for ``cbgym/Scheduling-v0``: Gaussian scores from :class:`SlotScorer`."""
+
+
+class MaskableSlotPolicy(_SlotBuild, MaskableMultiInputActorCriticPolicy):
+    """MaskablePPO policy for ``cbgym/SchedulingMasked-v0``: slot logits plus STOP."""
+
+    stop_logit = True
