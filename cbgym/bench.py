@@ -545,6 +545,9 @@ TABLE_COLUMNS = {
     "p99_ratio": "p99/FCFS", "starvation_count": "starved",
     "starved_beyond_fcfs_max": "> FCFS max", "goodput_rps": "goodput/s",
     "slo_attainment": "SLO ok",
+    # latency columns cover finished requests only: a policy that drops requests must be
+    # compared on goodput, so show how many it dropped
+    "num_shed": "shed",
 }
 
 
