@@ -230,12 +230,15 @@ class Engine:
             tokens, need = remaining, np.zeros_like(remaining)
         else:
             if decoding and n <= self.budget:
+                # a decoding request holds exactly ceil(computed / block_size) blocks, so its
+                # next token needs a new block exactly when its last block is full
                 tokens = remaining
+                need = (computed % self.kv.block_size == 0).astype(np.int64)
             else:
                 before = np.cumsum(remaining) - remaining
                 tokens = np.minimum(remaining, np.maximum(self.budget - before, 0))
-            need = -(-(computed + tokens) // self.kv.block_size) - self.kv.held[ids]
-            np.maximum(need, 0, out=need)
+                need = -(-(computed + tokens) // self.kv.block_size) - self.kv.held[ids]
+                np.maximum(need, 0, out=need)
         shortfall = max(int(need.sum()) - self.kv.free, 0)
         self._plan = RunningPlan(ids, computed, tokens, need, shortfall, decoding)
         return self._plan
@@ -474,9 +477,8 @@ class Engine:
         self._idle_ticks = 0
         req = self.req
         computed = req.computed[ids]
-        total = req.tokens[ids]
         after = computed + tokens
-        sampled = after == total
+        sampled = after == req.tokens[ids]
         # a decode is one token past the prompt; everything else computed is prefill work
         num_decode = int(np.count_nonzero(sampled & (tokens == 1) & (req.generated[ids] > 0)))
         num_tokens = int(tokens.sum())
