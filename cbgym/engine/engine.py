@@ -104,7 +104,8 @@ class Engine:
         self.total_preemptions = 0
         self.running: list[int] = []
         self.waiting: list[int] = []
-        self._next_arrival = 0
+        self._next_arrival = 0  # index of the next request to arrive
+        self._next_arrival_s = float(trace.arrival_s[0]) if len(trace) else float("inf")
         self._changed = True  # the waiting set changed since the policy last decided
         self._standing: Decision = FCFS_DECISION  # last decision, re-applied until a change
         self._pending: DecisionPoint | None = None
@@ -185,10 +186,10 @@ class Engine:
     # ------------------------------------------------------------------ arrivals
     def _admit_arrivals(self) -> None:
         """Move every request that has arrived by ``now`` into the waiting queue."""
+        if self._next_arrival_s > self.now:  # a float compare: this runs every iteration
+            return
         req, n = self.req, self.req.n
         i = self._next_arrival
-        if i >= n or req.arrival_s[i] > self.now:
-            return
         j = int(np.searchsorted(req.arrival_s, self.now, side="right"))
         for rid in range(i, j):
             reason = self._never_fits(rid)
@@ -199,6 +200,7 @@ class Engine:
                 self.waiting.append(rid)
                 self._changed = True
         self._next_arrival = j
+        self._next_arrival_s = float(req.arrival_s[j]) if j < n else float("inf")
 
     def _never_fits(self, rid: int) -> str | None:
         req, cfg = self.req, self.config
@@ -297,11 +299,12 @@ class Engine:
         if plan.shortfall == 0 and not self._any_too_long(plan):
             if plan.decoding and len(plan.ids) <= budget:
                 ids, tokens = plan.ids, plan.tokens
+                budget -= len(ids)  # one token each
             else:
                 scheduled = plan.tokens > 0
                 ids, tokens = plan.ids[scheduled], plan.tokens[scheduled]
+                budget -= int(tokens.sum())
             self.kv.add(plan.ids, plan.need)
-            budget -= int(tokens.sum())
             preempted = False
         else:
             ids, tokens, budget, preempted = self._schedule_running_slow(d, budget)
@@ -311,7 +314,9 @@ class Engine:
             if new_ids:
                 ids = np.concatenate([ids, np.asarray(new_ids, np.int64)])
                 tokens = np.concatenate([tokens, np.asarray(new_tokens, np.int64)])
-        assert int(tokens.sum()) <= self.budget and len(self.running) <= self.config.max_num_seqs
+                budget -= sum(new_tokens)
+        # Check that the scheduling constraints are satisfied.
+        assert budget >= 0 and len(self.running) <= self.config.max_num_seqs
         return ids, tokens
 
     def _any_too_long(self, plan: RunningPlan) -> bool:
@@ -410,7 +415,8 @@ class Engine:
             req.host_tokens[rid] = 0
         req.computed[rid] = computed
         req.status[rid] = RUNNING
-        if np.isnan(req.first_scheduled_s[rid]):
+        first = req.first_scheduled_s[rid]
+        if first != first:  # NaN: never scheduled before
             req.first_scheduled_s[rid] = self.now
         self.running.append(rid)
 
@@ -523,21 +529,21 @@ class Engine:
     def _retire(self, sampled: np.ndarray) -> None:
         """End requests that produced their last token (or reached max_model_len)."""
         req = self.req
-        done = sampled[req.generated[sampled] >= req.output[sampled]]
-        capped = np.empty(0, np.int64)
+        generated = req.generated[sampled]
+        full = generated >= req.output[sampled]
+        capped = None
         if self.config.max_model_len is not None:
-            total = req.tokens[sampled]
-            capped = sampled[(total >= self.config.max_model_len)
-                             & (req.generated[sampled] < req.output[sampled])]
-        if not done.size and not capped.size:
+            capped = (req.tokens[sampled] >= self.config.max_model_len) & ~full
+            full |= capped
+        if not full.any():
             return
-        for rid in done.tolist():
-            req.end(rid, Status.FINISHED, self.now, None)
+        ended = sampled[full].tolist()
+        reasons = [None] * len(ended) if capped is None else [
+            "max_model_len" if c else None for c in capped[full].tolist()]
+        for rid, reason in zip(ended, reasons, strict=True):
+            req.end(rid, Status.FINISHED, self.now, reason)
             self.kv.free_request(rid)
-        for rid in capped.tolist():
-            req.end(rid, Status.FINISHED, self.now, "max_model_len")
-            self.kv.free_request(rid)
-        ended = set(done.tolist()) | set(capped.tolist())
-        self.running = [r for r in self.running if r not in ended]
+        gone = set(ended)
+        self.running = [r for r in self.running if r not in gone]
         if self.consult_on_completion:
             self._changed = True
