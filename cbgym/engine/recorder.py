@@ -11,25 +11,27 @@ TIMESERIES_COLUMNS = (
 
 
 class Recorder:
-    """Collects one row per iteration; stretches of iterations arrive as whole arrays."""
+    """Collects one row per iteration; stretches of iterations arrive as whole arrays.
+
+    Rows (9-tuples) and stretches (5-tuples of columns) go into one list in time order and
+    become an array only when the time series is read, so recording costs a list append.
+    """
 
     def __init__(self, record_batches: bool) -> None:
         self.record_batches = record_batches
-        self._rows: list[tuple[float, ...]] = []
-        self._chunks: list[np.ndarray | tuple] = []
+        self._items: list[tuple | np.ndarray] = []
         # batch log: (iteration, request id, tokens) triples and preemptions
         self._batch: list[np.ndarray] = []
         self._preempted: list[tuple[int, int]] = []
 
     def iteration(self, row: tuple[float, ...]) -> None:
-        self._rows.append(row)
+        self._items.append(row)
 
     def stretch(self, starts: np.ndarray, durations: np.ndarray, kv_used: np.ndarray,
                 num_waiting: int, num_running: int) -> None:
-        """k decode-only iterations: every running request computes one token, nobody waits
+        """k decode-only iterations: every running request computes one token, nobody is
         admitted, nobody preempted. Expanded into rows only when the time series is read."""
-        self._flush()
-        self._chunks.append((starts, durations, kv_used, num_waiting, num_running))
+        self._items.append((starts, durations, kv_used, num_waiting, num_running))
 
     def batch(self, iteration: int, ids: np.ndarray, tokens: np.ndarray) -> None:
         if self.record_batches:
@@ -47,17 +49,24 @@ class Recorder:
         if self.record_batches:
             self._preempted.append((iteration, rid))
 
-    def _flush(self) -> None:
-        if self._rows:
-            self._chunks.append(np.asarray(self._rows, dtype=np.float64))
-            self._rows = []
-
     def timeseries(self) -> np.ndarray:
-        self._flush()
-        if not self._chunks:
+        """All iterations so far, one row each (columns as TIMESERIES_COLUMNS)."""
+        chunks: list[np.ndarray] = []
+        rows: list[tuple] = []
+        for item in self._items:
+            if isinstance(item, tuple) and len(item) == len(TIMESERIES_COLUMNS):
+                rows.append(item)
+                continue
+            if rows:
+                chunks.append(np.asarray(rows, dtype=np.float64))
+                rows = []
+            chunks.append(_expand(item))
+        if rows:
+            chunks.append(np.asarray(rows, dtype=np.float64))
+        if not chunks:
             return np.empty((0, len(TIMESERIES_COLUMNS)))
-        merged = np.concatenate([_expand(c) for c in self._chunks])
-        self._chunks = [merged]
+        merged = np.concatenate(chunks)
+        self._items = [merged]  # read again later: start from the merged rows
         return merged
 
     def batch_log(self) -> tuple[np.ndarray, np.ndarray]:
