@@ -48,20 +48,25 @@ def _log_if_wide(ax: Axes, values: np.ndarray) -> None:
         ax.set_yscale("log")
 
 
+def _lines_vs_load(ax: Axes, part: pd.DataFrame, column: str, ylabel: str, title: str) -> None:
+    """One line per policy of ``part[column]`` against load, on one panel."""
+    for policy, rows in part.groupby("policy", sort=False):
+        rows = rows.sort_values("load")
+        ax.plot(rows["load"], rows[column], marker="o", ms=3, lw=1.2, label=str(policy))
+    ax.set_title(title, fontsize=9)
+    ax.set_xlabel("offered load rho")
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+
+
 def plot_vs_load(table: pd.DataFrame, path: str | Path, column: str, ylabel: str) -> Path:
     """One line per policy of ``table[column]`` against load, a panel per trace and engine."""
     panels = _panels(table)
     fig, axes = _figure(len(panels))
     for ax, (trace, engine) in zip(axes, panels, strict=True):
         part = table[(table["trace"] == trace) & (table["engine"] == engine)]
-        for policy, rows in part.groupby("policy", sort=False):
-            rows = rows.sort_values("load")
-            ax.plot(rows["load"], rows[column], marker="o", ms=3, lw=1.2, label=str(policy))
+        _lines_vs_load(ax, part, column, ylabel, f"{trace} | {engine}")
         _log_if_wide(ax, part[column].to_numpy(dtype=float))
-        ax.set_title(f"{trace} | {engine}", fontsize=9)
-        ax.set_xlabel("offered load rho")
-        ax.set_ylabel(ylabel)
-        ax.grid(alpha=0.3)
     axes[0].legend(fontsize=7)
     fig.savefig(path)
     return Path(path)
@@ -75,14 +80,8 @@ def plot_goodput(table: pd.DataFrame, path: str | Path) -> Path:
         part = table[(table["trace"] == trace) & (table["engine"] == engine)]
         offered = part.groupby("load")["offered_rps"].mean()
         ax.plot(offered.index, offered.to_numpy(), "k--", lw=1, label="offered")
-        for policy, rows in part.groupby("policy", sort=False):
-            rows = rows.sort_values("load")
-            ax.plot(rows["load"], rows["goodput_rps"], marker="o", ms=3, lw=1.2,
-                    label=str(policy))
-        ax.set_title(f"{trace} | {engine}", fontsize=9)
-        ax.set_xlabel("offered load rho")
-        ax.set_ylabel("goodput (req/s within SLO)")
-        ax.grid(alpha=0.3)
+        _lines_vs_load(ax, part, "goodput_rps", "goodput (req/s within SLO)",
+                       f"{trace} | {engine}")
     axes[0].legend(fontsize=7)
     fig.savefig(path)
     return Path(path)
