@@ -52,6 +52,7 @@ class RunningPlan:
     computed: np.ndarray  # tokens computed before the iteration
     tokens: np.ndarray  # tokens each should catch up with this iteration (the budget allows)
     need: np.ndarray  # new KV blocks each needs for that
+    need_total: int  # their sum
     shortfall: int  # blocks missing overall (0: everyone fits)
     decoding: bool  # every running request is one token behind (a pure decode batch)
 
@@ -241,8 +242,9 @@ class Engine:
                 tokens = np.minimum(remaining, np.maximum(self.budget - before, 0))
                 need = -(-(computed + tokens) // self.kv.block_size) - self.kv.held[ids]
                 np.maximum(need, 0, out=need)
-        shortfall = max(int(need.sum()) - self.kv.free, 0)
-        self._plan = RunningPlan(ids, computed, tokens, need, shortfall, decoding)
+        total = int(need.sum())
+        self._plan = RunningPlan(ids, computed, tokens, need, total,
+                                 max(total - self.kv.free, 0), decoding)
         return self._plan
 
     def _decision_point(self, plan: RunningPlan) -> DecisionPoint:
@@ -304,7 +306,7 @@ class Engine:
                 scheduled = plan.tokens > 0
                 ids, tokens = plan.ids[scheduled], plan.tokens[scheduled]
                 budget -= int(tokens.sum())
-            self.kv.add(plan.ids, plan.need)
+            self.kv.add(plan.ids, plan.need, plan.need_total)
             preempted = False
         else:
             ids, tokens, budget, preempted = self._schedule_running_slow(d, budget)
@@ -494,7 +496,7 @@ class Engine:
             decode_seqs=num_decode,
             sampled_seqs=int(np.count_nonzero(sampled)),
             attn_q_ctx=int(tokens @ computed),
-            attn_q_sq=int(tokens @ (tokens + 1)) // 2,
+            attn_q_sq=(int(tokens @ tokens) + num_tokens) // 2,  # sum of q (q + 1) / 2
             kv_tokens=int(after.sum()),
             swap_bytes=self._swap_bytes,
         )

@@ -82,7 +82,7 @@ def _head_blocked(eng: Engine, plan: RunningPlan) -> bool:
     new = total - int(eng.req.host_tokens[head])
     if budget <= 0 or (not eng.config.chunked_prefill and new > budget):
         return True
-    return eng.kv.blocks_for(total) > eng.kv.free - int(plan.need.sum())
+    return eng.kv.blocks_for(total) > eng.kv.free - plan.need_total
 
 
 def stretch_blocks(computed: np.ndarray, steps: np.ndarray, block_size: int) -> np.ndarray:

@@ -49,9 +49,8 @@ class BlockManager:
         self.free -= int(need.sum())
         assert self.free >= 0, "KV blocks over-committed"
 
-    def add(self, ids: np.ndarray, need: np.ndarray) -> None:
-        """Give each request ``need`` more blocks (the caller checked they fit)."""
-        total = int(need.sum())
+    def add(self, ids: np.ndarray, need: np.ndarray, total: int) -> None:
+        """Give each request ``need`` more blocks, ``total`` in all (the caller checked)."""
         assert total <= self.free, "KV blocks over-committed"
         self.held[ids] += need
         self.free -= total
