@@ -385,8 +385,8 @@ class Engine:
             total = req.num_tokens(rid)
             computed = int(req.host_tokens[rid])  # swapped-out KV comes back; else recompute
             new = total - computed
-            if kv.blocks_for(total) > kv.num_blocks or (not cfg.chunked_prefill
-                                                        and new > self.budget):
+            blocks = kv.blocks_for(total)
+            if blocks > kv.num_blocks or (not cfg.chunked_prefill and new > self.budget):
                 never.append(rid)  # prompt + output so far outgrew the cache or the budget
                 continue
             if not cfg.chunked_prefill and new > budget:
@@ -394,7 +394,8 @@ class Engine:
             tokens = min(new, budget)
             # The whole sequence must fit before a request is admitted (no partial reservation
             # of a prompt that could then stall), but only the scheduled chunk is allocated.
-            if kv.blocks_for(total) - int(kv.held[rid]) > kv.free:
+            # (A waiting request holds no blocks: preemption and swap-out free them all.)
+            if blocks > kv.free:
                 break
             kv.grow_to(rid, computed + tokens)
             self._start(rid, computed)
