@@ -28,9 +28,6 @@ class BlockManager:
         """Blocks needed to hold the KV of ``num_tokens`` tokens."""
         return cdiv(num_tokens, self.block_size)
 
-    def can_allocate(self, num_blocks: int) -> bool:
-        return num_blocks <= self.free
-
     def grow_to(self, rid: int, num_tokens: int) -> bool:
         """Make request ``rid`` hold enough blocks for ``num_tokens``; False if memory is short."""
         need = cdiv(num_tokens, self.block_size) - int(self.held[rid])
@@ -40,14 +37,6 @@ class BlockManager:
             self.held[rid] += need
             self.free -= need
         return True
-
-    def grow_many(self, ids: np.ndarray, num_tokens: np.ndarray) -> None:
-        """Vectorised ``grow_to`` for requests already known to fit (the caller checked)."""
-        target = -(-num_tokens // self.block_size)
-        need = np.maximum(target - self.held[ids], 0)
-        self.held[ids] += need
-        self.free -= int(need.sum())
-        assert self.free >= 0, "KV blocks over-committed"
 
     def add(self, ids: np.ndarray, need: np.ndarray, total: int) -> None:
         """Give each request ``need`` more blocks, ``total`` in all (the caller checked)."""
