@@ -13,6 +13,7 @@ Each figure has one panel per (trace, engine) and one line per policy:
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from pathlib import Path
 
 import matplotlib
@@ -59,52 +60,54 @@ def _lines_vs_load(ax: Axes, part: pd.DataFrame, column: str, ylabel: str, title
     ax.grid(alpha=0.3)
 
 
-def plot_vs_load(table: pd.DataFrame, path: str | Path, column: str, ylabel: str) -> Path:
-    """One line per policy of ``table[column]`` against load, a panel per trace and engine."""
-    panels = _panels(table)
+def _plot_panels(frame: pd.DataFrame, path: str | Path,
+                 draw: Callable[[Axes, pd.DataFrame, str], None]) -> Path:
+    """A figure with one panel per (trace, engine) of ``frame``, each drawn by ``draw``."""
+    panels = _panels(frame)
     fig, axes = _figure(len(panels))
     for ax, (trace, engine) in zip(axes, panels, strict=True):
-        part = table[(table["trace"] == trace) & (table["engine"] == engine)]
-        _lines_vs_load(ax, part, column, ylabel, f"{trace} | {engine}")
-        _log_if_wide(ax, part[column].to_numpy(dtype=float))
+        part = frame[(frame["trace"] == trace) & (frame["engine"] == engine)]
+        draw(ax, part, f"{trace} | {engine}")
     axes[0].legend(fontsize=7)
     fig.savefig(path)
     return Path(path)
+
+
+def plot_vs_load(table: pd.DataFrame, path: str | Path, column: str, ylabel: str) -> Path:
+    """One line per policy of ``table[column]`` against load, a panel per trace and engine."""
+
+    def draw(ax: Axes, part: pd.DataFrame, title: str) -> None:
+        _lines_vs_load(ax, part, column, ylabel, title)
+        _log_if_wide(ax, part[column].to_numpy(dtype=float))
+
+    return _plot_panels(table, path, draw)
 
 
 def plot_goodput(table: pd.DataFrame, path: str | Path) -> Path:
     """Goodput against offered load, with the offered rate rho x mu dashed."""
-    panels = _panels(table)
-    fig, axes = _figure(len(panels))
-    for ax, (trace, engine) in zip(axes, panels, strict=True):
-        part = table[(table["trace"] == trace) & (table["engine"] == engine)]
+
+    def draw(ax: Axes, part: pd.DataFrame, title: str) -> None:
         offered = part.groupby("load")["offered_rps"].mean()
         ax.plot(offered.index, offered.to_numpy(), "k--", lw=1, label="offered")
-        _lines_vs_load(ax, part, "goodput_rps", "goodput (req/s within SLO)",
-                       f"{trace} | {engine}")
-    axes[0].legend(fontsize=7)
-    fig.savefig(path)
-    return Path(path)
+        _lines_vs_load(ax, part, "goodput_rps", "goodput (req/s within SLO)", title)
+
+    return _plot_panels(table, path, draw)
 
 
 def plot_cdf(cdf: pd.DataFrame, path: str | Path) -> Path:
     """CDF of normalised latency at the one load in ``cdf``, quantile-averaged over windows."""
-    panels = _panels(cdf)
-    fig, axes = _figure(len(panels))
-    for ax, (trace, engine) in zip(axes, panels, strict=True):
-        part = cdf[(cdf["trace"] == trace) & (cdf["engine"] == engine)]
+
+    def draw(ax: Axes, part: pd.DataFrame, title: str) -> None:
         for policy, rows in part.groupby("policy", sort=False):
             curve = rows.groupby("quantile")["norm_latency_ms"].mean()
             ax.plot(curve.to_numpy(), curve.index, lw=1.2, label=str(policy))
         ax.set_xscale("log")
-        load = part["load"].iloc[0]
-        ax.set_title(f"{trace} | {engine} | rho={load:g}", fontsize=9)
+        ax.set_title(f"{title} | rho={part['load'].iloc[0]:g}", fontsize=9)
         ax.set_xlabel("normalised latency (ms / output token)")
         ax.set_ylabel("fraction of requests")
         ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=7)
-    fig.savefig(path)
-    return Path(path)
+
+    return _plot_panels(cdf, path, draw)
 
 
 def write_plots(table: pd.DataFrame, cdf: pd.DataFrame, out_dir: str | Path) -> list[Path]:
