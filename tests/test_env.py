@@ -521,7 +521,7 @@ def test_flatten_wrappers() -> None:
     env = FlattenSchedulingObservation(make())
     obs, _ = env.reset(seed=0)
     assert obs.dtype == np.float32 and env.observation_space.contains(obs)
-    raw = env.unwrapped._observation()
+    raw, _ = make().reset(seed=0)  # the same episode, unflattened
     for key, sl in env.layout.items():
         np.testing.assert_array_equal(obs[sl], raw[key])
     plain = gym.wrappers.FlattenObservation(make())

@@ -27,6 +27,10 @@ class Recorder:
     def iteration(self, row: tuple[float, ...]) -> None:
         self._items.append(row)
 
+    def iteration_rows(self, rows: np.ndarray) -> None:
+        """Many iterations at once, already as rows (the compiled kernel's buffer)."""
+        self._items.append(rows)
+
     def stretch(self, starts: np.ndarray, durations: np.ndarray, kv_used: np.ndarray,
                 num_waiting: int, num_running: int) -> None:
         """k decode-only iterations: every running request computes one token, nobody is

@@ -16,8 +16,8 @@ from gymnasium.error import InvalidAction
 
 from cbgym.engine.decision import Decision
 
-__all__ = ["InvalidActionError", "MicroStepState", "ScoreLayout", "decode_scores",
-           "check_discrete"]
+__all__ = ["InvalidActionError", "MicroStepState", "ScoreLayout", "check_discrete",
+           "check_scores", "decode_scores"]
 
 SHED_REASON = "shed_by_agent"
 
@@ -51,7 +51,8 @@ class ScoreLayout:
         return self.K + self.R
 
 
-def _as_scores(action: object, size: int) -> np.ndarray:
+def check_scores(action: object, size: int) -> np.ndarray:
+    """The action as float64 scores, or an InvalidActionError naming what is wrong."""
     try:
         a = np.asarray(action, dtype=np.float64)
     except (TypeError, ValueError) as exc:
@@ -96,7 +97,7 @@ def decode_scores(
         order: slots at or above the threshold by descending score, ties in slot order;
         victims: running slots by ascending score, ties latest admitted first (vLLM's default).
     """
-    a = _as_scores(action, layout.size)
+    a = check_scores(action, layout.size)
     w = a[: len(w_ids)]
     idx = np.argsort(-w, kind="stable")
     idx = idx[w[idx] >= hold_threshold]

@@ -223,7 +223,7 @@ class ObservationEncoder:
         template = np.zeros((len(arrival_s), _F))
         template[:, [_S_PROMPT, _S_TENANT, _S_SLO]] = count_scale(
             np.column_stack((prompt, tenant, slo_class)))
-        self._template = template
+        self.template = template
         self._recent = [0.0] * (2 * NUM_OUTPUT_BUCKETS + 2)
         self._recent_finished = -1
         self._masks: dict[tuple[int, int], np.ndarray] = {}
@@ -291,7 +291,7 @@ class ObservationEncoder:
         dyn = np.log2(raw + 1.0)
         dyn *= _DYNAMIC_FACTORS
         np.minimum(dyn, 1.0, out=dyn)
-        block = self._template[ids]
+        block = self.template[ids]
         block[:, _DYNAMIC_COLS] = dyn.T
         slots = np.zeros((K + R, _F), dtype=np.float32)
         slots[:nw] = block[:nw]

@@ -88,6 +88,7 @@ class RewardTracker:
         self._dl_next = 0
         self._sum_finish_fin = 0.0  # sum of finish times of finished requests
         self._sum_finish_shed = 0.0  # ... and of shed ones
+        self._shed_seen = np.zeros(req.n, dtype=bool)
         self._now = 0.0
         self._area = 0.0  # integral of requests in system from 0 to _now
 
@@ -110,11 +111,16 @@ class RewardTracker:
             ok = (ttft <= self.ttft_target[ids]) & (
                 tpot(first, finish, req.generated[ids]) <= self.tpot_target[ids])
             num_good = int(ok.sum())
-            self._sum_finish_fin += float(finish.sum())
+            # summed one by one in a fixed order (completion order here, request id order for
+            # the shed below): the compiled backend adds them the same way, bit for bit
+            for t in finish.tolist():
+                self._sum_finish_fin += t
         num_shed = (req.num_ended - self._ended) - (f1 - f0)
         if num_shed:
-            shed = req.status == Status.SHED
-            self._sum_finish_shed = float(req.finish_s[shed].sum())
+            new = np.flatnonzero((req.status == Status.SHED) & ~self._shed_seen)
+            self._shed_seen[new] = True
+            for t in req.finish_s[new].tolist():
+                self._sum_finish_shed += t
         self._finished, self._ended = f1, req.num_ended
         misses = self._ttft_misses(now)
         area = self._area_until(now)

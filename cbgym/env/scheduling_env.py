@@ -16,17 +16,18 @@ from gymnasium import spaces
 from gymnasium.error import ResetNeeded
 
 from cbgym.engine.config import EngineConfig
-from cbgym.engine.decision import Decision, DecisionPoint
+from cbgym.engine.decision import DecisionPoint
 from cbgym.engine.engine import Engine
 from cbgym.env.action import (
     InvalidActionError,
     MicroStepState,
     ScoreLayout,
     check_discrete,
-    decode_scores,
+    check_scores,
 )
-from cbgym.env.observation import ObservationEncoder, Snapshot
-from cbgym.env.reward import COMPONENTS, RewardTracker, RewardWeights, StepOutcome
+from cbgym.env.backends import CompiledBackend, resolve_backend
+from cbgym.env.observation import observation_space
+from cbgym.env.reward import COMPONENTS, RewardWeights, StepOutcome
 from cbgym.metrics import SLO, SimulationResult, SLOSpec, slo_arrays
 from cbgym.workload.trace import Trace
 
@@ -242,6 +243,7 @@ class SchedulingEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
         masked: bool = False,
         invalid_action: Literal["raise", "noop"] = "raise",
         render_mode: str | None = None,
+        backend: Literal["auto", "compiled", "python"] = "auto",
     ) -> None:
         if invalid_action not in ("raise", "noop"):
             raise ValueError(f"invalid_action={invalid_action!r}: expected 'raise' or 'noop'")
@@ -270,19 +272,16 @@ class SchedulingEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
         self.action_space: spaces.Space = (
             spaces.Discrete(K + R + 1) if masked
             else spaces.Box(-1.0, 1.0, (self.layout.size,), np.float32))
-        budget = self.config.max_num_batched_tokens
-        self._encoder = ObservationEncoder(K, R, budget, self.config.max_num_seqs)
-        self.observation_space = self._encoder.space
-        self._tracker = RewardTracker(self.weights)
-        self._engine: Engine | None = None
+        self.observation_space = observation_space(K, R)
+        self._sim = resolve_backend(self, backend)
+        self._started = False
         self._episode: Trace | None = None
-        self._dp: DecisionPoint | None = None
         self._micro: MicroStepState | None = None
         self._capacity: tuple[Trace, float] | None = None
         self._done = True
         self._steps = 0
         self._last_iteration = 0
-        self._w_ids = self._r_ids = np.empty(0, np.int64)
+        self.ttft_target = np.empty(0)
         self.episode_start = 0
 
     # ------------------------------------------------------------------ episode
@@ -314,23 +313,21 @@ class SchedulingEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
             window = scale_to_load(window, float(load), self.config,
                                    capacity_rps=self._capacity_of(base))
         self._start_episode(window)
-        return self._observation(), self._info(None)
+        return self._observe(None)
 
     def _start_episode(self, window: Trace) -> None:
         self._episode = window
         # NOTE: "every_iteration" makes the engine stop at every iteration where a request
         # waits or memory runs short; it only skips (and fast-forwards) the rest.
         consult = "every_iteration" if self.skip_trivial else "always"
-        self._engine = Engine(window, self.config, consult=consult)
-        req = self._engine.req
-        ttft, tpot = slo_arrays(self.slo, req.slo_class)
-        self._ttft_target = ttft
-        self._tracker.start(req, ttft, tpot)
-        self._encoder.start_episode(req.arrival_s, req.prompt, req.tenant, req.slo_class)
+        ttft, tpot = slo_arrays(self.slo, window.slo_class)
+        self.ttft_target = ttft
+        self._sim.start(window, consult, ttft, tpot)
+        self._started = True
         self._steps = 0
         self._last_iteration = 0
         self._done = False
-        self._advance()
+        self._new_point()
 
     @property
     def base_trace(self) -> Trace:
@@ -377,10 +374,18 @@ class SchedulingEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
         self, action: np.ndarray | int
     ) -> tuple[dict[str, np.ndarray], float, bool, bool, dict[str, Any]]:
         """Apply ``action`` to the pending decision; see the class docstring."""
-        if self._engine is None or self._done:
+        if not self._started or self._done:
             raise ResetNeeded("call reset() before step() (and after an episode ended)")
         invalid = False
-        if self.masked:
+        if self._sim.drained:
+            # every request ended before the first decision (none could ever fit): the
+            # action (still checked) has nothing to act on and the episode ends here
+            if self.masked:
+                check_discrete(action, self.action_masks(), lambda j: "only STOP: drained")
+            else:
+                check_scores(action, self.layout.size)
+            outcome = None
+        elif self.masked:
             try:
                 outcome = self._micro_step(action)
             except InvalidActionError:
@@ -388,117 +393,57 @@ class SchedulingEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
                     raise
                 outcome, invalid = None, True
         else:
-            outcome = self._run(self._decode(action))
+            outcome = self._sim.run_scores(action)
+            self._new_point()
         self._steps += 1
-        terminated = self._dp is None
+        terminated = self._sim.drained
         truncated = not terminated and self.max_steps is not None and self._steps >= self.max_steps
         self._done = terminated or truncated
         reward = outcome.reward if outcome is not None else 0.0
-        info = self._info(outcome)
+        obs, info = self._observe(outcome)
         if self.masked:
             info["invalid_action"] = invalid
-        return self._observation(), reward, terminated, truncated, info
-
-    def _decode(self, action: object) -> Decision:
-        dp = self._dp
-        assert dp is not None
-        w_ids = self._w_ids
-
-        def late() -> np.ndarray:
-            return dp.now - dp.arrival_s[w_ids] > self._ttft_target[w_ids]
-
-        return decode_scores(action, self.layout, w_ids, self._r_ids, self.hold_threshold,
-                             self.shed_threshold, late, dp.shortfall_blocks > 0)
+        return obs, reward, terminated, truncated, info
 
     def _micro_step(self, action: object) -> StepOutcome | None:
         ms = self._micro
         assert ms is not None
         K, R = self.K, self.R
         i = check_discrete(action, ms.mask(K, R), lambda j: ms.describe(j, K, R))
-        if i == self.STOP:
-            return self._run(ms.decision(self._w_ids, self._r_ids))
         if i < K:
             ms.chosen_w.append(i)
-        else:
+        elif i < self.STOP:
             ms.chosen_r.append(i - K)
-        if ms.ready():
-            return self._run(ms.decision(self._w_ids, self._r_ids))
-        return None
+        if i != self.STOP and not ms.ready():
+            return None
+        outcome = self._sim.run(ms.decision(self._sim.w_ids, self._sim.r_ids))
+        self._new_point()
+        return outcome
 
-    def _run(self, decision: Decision) -> StepOutcome:
-        """Run the pending iteration under ``decision`` and advance to the next decision."""
-        eng = self._engine
-        assert eng is not None
-        eng.decide(decision, validate=False)  # built from visible slots' own ids
-        self._advance()
-        return self._tracker.update(eng.now)
-
-    def _advance(self) -> None:
-        """Move to the next decision point and fix its visible windows."""
-        eng = self._engine
-        assert eng is not None
-        dp = self._dp = eng.next_decision()
-        if dp is None:
-            self._w_ids = self._r_ids = np.empty(0, np.int64)
+    def _new_point(self) -> None:
+        """A new decision point: fresh micro-step choices (masked variant)."""
+        sim = self._sim
+        if not self.masked or sim.drained:
             self._micro = None
             return
-        self._w_ids = self._visible_waiting(dp)
-        self._r_ids = dp.running[-self.R:]
-        if self.masked:
-            frees = self._victim_frees(dp) if dp.shortfall_blocks > 0 else np.empty(0, np.int64)
-            self._micro = MicroStepState(dp.shortfall_blocks, len(self._w_ids),
-                                         len(self._r_ids), frees)
-
-    def _visible_waiting(self, dp: DecisionPoint) -> np.ndarray:
-        waiting = dp.waiting
-        if len(waiting) <= self.K:
-            return waiting
-        if self.window_rule == "oldest":
-            return waiting[: self.K]
-        pick = np.argsort(dp.prompt_tokens[waiting], kind="stable")[: self.K]
-        pick.sort()  # shown in queue order, so equal keys keep queue order downstream
-        return waiting[pick]
-
-    def _victim_frees(self, dp: DecisionPoint) -> np.ndarray:
-        """Blocks each visible running request would free if preempted now (held + needed)."""
-        held = dp.kv_blocks_held[dp.running] + dp.running_need_blocks
-        return held[-self.R:]
+        frees = sim.victim_frees() if sim.shortfall > 0 else np.empty(0, np.int64)
+        self._micro = MicroStepState(sim.shortfall, len(sim.w_ids), len(sim.r_ids), frees)
 
     # ------------------------------------------------------------------ views
-    def _observation(self) -> dict[str, np.ndarray]:
-        dp = self._dp
-        if dp is None:
-            return self._encoder.encode_empty(self._drained_snapshot())
+    def _observe(self, outcome: StepOutcome | None
+                 ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         ms = self._micro
-        return self._encoder.encode(dp, self._w_ids, self._r_ids,
-                                    ms.chosen_w if ms else None, ms.chosen_r if ms else None)
-
-    def _drained_snapshot(self) -> Snapshot:
-        eng = self._engine
-        assert eng is not None
-        kv = eng.kv
-        return Snapshot(
-            now=eng.now, num_waiting=0, num_running=0, waiting_prompt_tokens=0,
-            running_prompt_tokens=0, running_computed_tokens=0, free_blocks=kv.free,
-            num_blocks=kv.num_blocks, total_preemptions=eng.total_preemptions,
-            last_iteration_s=eng.last_iteration_s, shortfall_blocks=0,
-            budget_left=self.config.max_num_batched_tokens,
-            seq_slots_left=self.config.max_num_seqs, num_hidden=0)
-
-    def _info(self, outcome: StepOutcome | None) -> dict[str, Any]:
-        eng = self._engine
-        assert eng is not None
-        iterations = eng.iteration - self._last_iteration if outcome is not None else 0
-        self._last_iteration = eng.iteration if outcome is not None else self._last_iteration
-        waited = np.zeros(self.K)
-        if self._dp is not None:
-            waited[: len(self._w_ids)] = self._dp.now - self._dp.arrival_s[self._w_ids]
+        obs, waited = self._sim.observe(ms.chosen_w if ms else None, ms.chosen_r if ms else None)
+        iterations = 0
+        if outcome is not None:
+            iteration = self._sim.iteration
+            iterations, self._last_iteration = iteration - self._last_iteration, iteration
         info: dict[str, Any] = {
             "reward_components": (dict(outcome.components) if outcome is not None
                                   else dict.fromkeys(COMPONENTS, 0.0)),
             "engine_iterations": int(iterations),
             "sim_time_elapsed": outcome.sim_time_elapsed if outcome is not None else 0.0,
-            "sim_time_s": float(eng.now),
+            "sim_time_s": self._sim.now,
             "num_finished": outcome.num_finished if outcome is not None else 0,
             "num_good": outcome.num_good if outcome is not None else 0,
             "num_shed": outcome.num_shed if outcome is not None else 0,
@@ -507,7 +452,7 @@ class SchedulingEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
         if self.masked:
             info["action_mask"] = self.action_masks()
             info["invalid_action"] = False
-        return info
+        return obs, info
 
     def action_masks(self) -> np.ndarray:
         """Allowed ``SchedulingMasked-v0`` actions (int8, K + R + 1); STOP only when idle.
@@ -533,24 +478,29 @@ class SchedulingEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
     @property
     def engine(self) -> Engine:
         """The current episode's engine (for inspection; stepping it directly breaks the env)."""
-        if self._engine is None:
+        if not self._started:
             raise ResetNeeded("no episode yet: call reset()")
-        return self._engine
+        return self._sim.engine  # type: ignore[return-value]
 
     @property
     def decision_point(self) -> DecisionPoint | None:
         """The pending decision point (None once the episode drained)."""
-        return self._dp
+        return self._sim.decision_point if self._started else None
+
+    @property
+    def backend(self) -> str:
+        """``"compiled"`` or ``"python"``: which implementation steps this env."""
+        return "compiled" if isinstance(self._sim, CompiledBackend) else "python"
 
     @property
     def visible_waiting_ids(self) -> np.ndarray:
         """Request ids of the visible waiting slots, in slot order."""
-        return self._w_ids.copy()
+        return self._sim.w_ids.copy()
 
     @property
     def visible_running_ids(self) -> np.ndarray:
         """Request ids of the visible running slots, in slot order."""
-        return self._r_ids.copy()
+        return self._sim.r_ids.copy()
 
     def privileged_true_output_tokens(self) -> np.ndarray:
         """PRIVILEGED (oracles only): true output lengths of the visible waiting slots.
@@ -559,7 +509,8 @@ class SchedulingEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
         """
         out = np.full(self.K, np.nan)
         if self._episode is not None:
-            out[: len(self._w_ids)] = self._episode.output_tokens[self._w_ids]
+            w_ids = self._sim.w_ids
+            out[: len(w_ids)] = self._episode.output_tokens[w_ids]
         return out
 
     def privileged_episode_true_output_tokens(self) -> np.ndarray:
@@ -578,7 +529,7 @@ class SchedulingEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
         """A text view of the queue, the batch and KV usage (``render_mode="ansi"``)."""
         if self.render_mode != "ansi":
             return None
-        if self._engine is None:
+        if not self._started:
             return "SchedulingEnv: call reset()\n"
         return _render_text(self)
 
@@ -593,9 +544,10 @@ def _render_text(env: SchedulingEnv) -> str:
     if dp is None:
         return head + "\n(drained)\n"
     short = f"  SHORTFALL {dp.shortfall_blocks} blocks" if dp.shortfall_blocks else ""
-    lines = [head, f"waiting {len(dp.waiting)} ({len(env._w_ids)} visible){short}"]
+    w_ids, r_ids = env.visible_waiting_ids, env.visible_running_ids
+    lines = [head, f"waiting {len(dp.waiting)} ({len(w_ids)} visible){short}"]
     cols = "  slot      id  prompt  computed  generated  in_sys_s  preempt"
-    for title, ids in (("waiting", env._w_ids), ("running", env._r_ids)):
+    for title, ids in (("waiting", w_ids), ("running", r_ids)):
         lines.append(f"{title}:{cols}")
         for slot, rid in enumerate(ids.tolist()):
             lines.append(
