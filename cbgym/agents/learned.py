@@ -200,7 +200,7 @@ class LearnedPolicy(Policy):
         while True:
             logits = self._forward(self.encoder.encode(dp, w_ids, r_ids, ms.chosen_w,
                                                        ms.chosen_r))
-            mask = ms.mask(K, R)
+            mask = ms.mask(K, R).copy()
             i = _masked_argmax(logits, mask)
             if i == K + R and idle and not ms.chosen_w:
                 mask[K + R] = 0
@@ -208,7 +208,7 @@ class LearnedPolicy(Policy):
                 self.idle_overrides += 1
             if i == K + R:
                 break
-            (ms.chosen_w if i < K else ms.chosen_r).append(i if i < K else i - K)
+            ms.choose(i, K)
             if ms.ready():
                 break
         return ms.decision(w_ids, r_ids)

@@ -21,6 +21,11 @@ from cbgym.workload.trace import Trace
 _REC_ROWS = 4096  # time-series rows buffered in the kernel before they move to the recorder
 
 
+def _ids(x: object) -> np.ndarray:
+    """Request ids as a contiguous int64 array (None: none)."""
+    return np.ascontiguousarray(() if x is None else x, dtype=np.int64)
+
+
 def supports(config: EngineConfig) -> bool:
     """Whether the kernel reproduces ``config`` exactly (its cost model is one it compiles)."""
     return k.cost_params(config.cost_model) is not None
@@ -70,9 +75,23 @@ class CompiledEngine:
             eng.kv.held, np.zeros(n, np.int64), np.zeros(n, np.int64), si,
             np.zeros(k.NUM_SF), ci, cost[1], np.zeros((_REC_ROWS, k.REC_COLUMNS)),
             np.zeros(n, np.int64), np.zeros(n, np.int64), np.zeros(n, np.int64),
-            np.zeros(n, np.int64), np.zeros(n, np.int64))
+            np.zeros(n, np.int64), np.zeros(n, np.int64), np.zeros(n, bool))
         self.drained = False
+        self._bind()
         self._advance(k.advance)
+
+    def _bind(self) -> None:
+        none = np.empty(0, np.int64)
+        self._decide = k.bind(k.decide, self.state, none, True, none, none)
+
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        del state["_decide"]  # compiled code: bound again after unpickling
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._bind()
 
     # ------------------------------------------------------------------ stepping
     def _advance(self, run: object, *args: object) -> None:
@@ -99,23 +118,24 @@ class CompiledEngine:
         self.drained = code == k.DRAINED
         return code
 
-    def decide_arrays(self, order: np.ndarray | None, shed: np.ndarray,
+    def decide_arrays(self, order: np.ndarray | None, shed: object,
                       victims: np.ndarray | None) -> None:
         """Apply a decision given as id arrays (None: FCFS order / default victims), run it
         and advance to the next decision point."""
         if self.drained:
             raise RuntimeError("CompiledEngine.decide: the workload has drained")
-        none = np.empty(0, np.int64)
-        self._advance(k.decide, none if order is None else order, order is not None, shed,
-                      none if victims is None else victims)
+        ids = _ids  # the bound kernel takes contiguous int64 arrays only
+        self._advance(self._decide, ids(order), order is not None, ids(shed), ids(victims))
 
     def decide(self, d: Decision) -> None:
         """Apply a :class:`Decision` (order, shed, victims; no priority or voluntary preempt)."""
         if d.priority is not None or len(d.preempt):
             raise ValueError("CompiledEngine.decide takes order, shed and victims only")
-        as_ids = lambda x: np.asarray(x, dtype=np.int64)  # noqa: E731
-        self.decide_arrays(None if d.order is None else as_ids(d.order), as_ids(d.shed),
-                           None if d.victims is None else as_ids(d.victims))
+        if len(d.shed) and d.shed_reason != k.REASONS[k.R_AGENT]:
+            raise ValueError(f"CompiledEngine.decide records sheds as {k.REASONS[k.R_AGENT]!r}; "
+                             f"got shed_reason={d.shed_reason!r}")
+        self.decide_arrays(None if d.order is None else _ids(d.order), _ids(d.shed),
+                           None if d.victims is None else _ids(d.victims))
 
     # ------------------------------------------------------------------ reading the state
     @property

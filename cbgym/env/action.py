@@ -121,11 +121,14 @@ def check_discrete(action: object, mask: np.ndarray, describe: Callable[[int], s
         mask: the current action mask (int8, 1 = allowed).
         describe: why an index is masked, for the error message.
     """
-    a = np.asarray(action)
-    if a.size != 1 or not (np.issubdtype(a.dtype, np.integer) or a.dtype == np.bool_):
-        raise InvalidActionError(
-            f"action {action!r} is not an integer index in [0, {len(mask)})")
-    i = int(a.reshape(()))
+    if isinstance(action, int | np.integer):  # the common case, without an array round trip
+        i = int(action)
+    else:
+        a = np.asarray(action)
+        if a.size != 1 or not (np.issubdtype(a.dtype, np.integer) or a.dtype == np.bool_):
+            raise InvalidActionError(
+                f"action {action!r} is not an integer index in [0, {len(mask)})")
+        i = int(a.reshape(()))
     if not 0 <= i < len(mask):
         raise InvalidActionError(f"action {i} is outside [0, {len(mask)})")
     if not mask[i]:
@@ -151,17 +154,30 @@ class MicroStepState:
     frees: np.ndarray  # blocks each visible running slot would free if preempted
     chosen_w: list[int] = field(default_factory=list)
     chosen_r: list[int] = field(default_factory=list)
+    _mask: np.ndarray | None = None  # kept up to date by choose()
 
     def mask(self, K: int, R: int) -> np.ndarray:
-        m = np.zeros(K + R + 1, dtype=np.int8)
-        if self.shortfall > 0:
-            m[K:K + self.n_running] = 1
-            m[[K + j for j in self.chosen_r]] = 0
+        """The allowed actions now (int8; the caller copies it before handing it out)."""
+        if self._mask is None:
+            m = np.zeros(K + R + 1, dtype=np.int8)
+            if self.shortfall > 0:
+                m[K:K + self.n_running] = 1
+                m[[K + j for j in self.chosen_r]] = 0
+            else:
+                m[: self.n_waiting] = 1
+                m[self.chosen_w] = 0
+                m[K + R] = 1
+            self._mask = m
+        return self._mask
+
+    def choose(self, i: int, K: int) -> None:
+        """Record an allowed, non-STOP choice: waiting slot i (< K) or running slot i - K."""
+        if i < K:
+            self.chosen_w.append(i)
         else:
-            m[: self.n_waiting] = 1
-            m[self.chosen_w] = 0
-            m[K + R] = 1
-        return m
+            self.chosen_r.append(i - K)
+        if self._mask is not None:
+            self._mask[i] = 0
 
     def describe(self, i: int, K: int, R: int) -> str:
         """Why index ``i`` is (or would be) masked."""

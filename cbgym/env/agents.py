@@ -127,6 +127,8 @@ class EnvAgent:
 
     def slot_order(self, obs: dict[str, np.ndarray], info: dict[str, Any] | None) -> np.ndarray:
         """Visible waiting slots in admission order (best key first, ties by slot)."""
+        if self.policy.consult == "never":  # its decision is always the default: queue order
+            return np.flatnonzero(obs["waiting_mask"] > 0.5)
         view = self.view(obs, info)
         if len(view.queue_pos) == 0:
             return np.empty(0, np.int64)

@@ -170,11 +170,32 @@ class CompiledBackend:
             dl_order, deadline[dl_order], deadline,
             np.concatenate(([0.0], np.cumsum(req.arrival_s))), np.zeros(req.n, dtype=bool),
             np.zeros(3, np.int64), np.zeros(4), np.zeros(ko._G - 18),
-            np.full(1, -1, np.int64), np.zeros(env.K, np.int64), np.zeros(env.R, np.int64),
+            np.zeros(1, np.int64), np.zeros(ko._NB + 1), np.zeros(ko._NB + 1, np.int64),
+            np.zeros(env.K, np.int64), np.zeros(env.R, np.int64),
             np.zeros(3, np.int64))
         self._obs = None
         if not ce.drained:
             ko.visible(ce.state, self.es)
+        self._bind()
+
+    def _bind(self) -> None:
+        """The per-step kernels, bound to this episode's state types (see kernel.bind)."""
+        ce, es = self.compiled, self.es
+        assert ce is not None and es is not None
+        self._step_scores = k.bind(ko.step_scores, ce.state, es, np.zeros(es.K + es.R))
+        self._after_decide = k.bind(ko.after_decide, ce.state, es, False)
+        none = np.empty(0, np.int64)
+        self._observe = k.bind(ko.observe, ce.state, es, False, none, none)
+
+    _BOUND = ("_step_scores", "_after_decide", "_observe")
+
+    def __getstate__(self) -> dict:
+        return {name: v for name, v in self.__dict__.items() if name not in self._BOUND}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        if self.compiled is not None:
+            self._bind()
 
     # ------------------------------------------------------------------ the pending point
     @property
@@ -225,17 +246,17 @@ class CompiledBackend:
         """Validate, decode and run a score vector in one kernel call."""
         ce, es = self.compiled, self.es
         assert ce is not None and es is not None
-        a = None  # float arrays of the right shape go straight in; the kernel checks ranges
+        a = None  # float vectors of the right shape go straight in; the kernel checks ranges
         if isinstance(action, np.ndarray) and action.dtype.kind == "f":
-            a = action.astype(np.float64, copy=False)
+            a = np.ascontiguousarray(action, dtype=np.float64)  # the bound kernel's type
         if a is None or a.shape != (es.K + es.R,):
-            a = check_scores(action, es.K + es.R)  # raises, naming the problem
+            a = np.ascontiguousarray(check_scores(action, es.K + es.R))  # or raises
         ce.make_room()
-        code, obs, outcome = ko.step_scores(ce.state, es, a)
+        code, obs, outcome = self._step_scores(ce.state, es, a)
         if code == ko.INVALID_ACTION:
             check_scores(a, es.K + es.R)  # raises, naming the offending score
         if code != k.AT_DECISION and code != k.DRAINED:
-            obs, outcome = ko.after_decide(ce.state, es, ce.settle(code) == k.DRAINED)
+            obs, outcome = self._after_decide(ce.state, es, ce.settle(code) == k.DRAINED)
         else:
             ce.drained = code == k.DRAINED
         g, w, wm, r, rm, waited = obs
@@ -246,8 +267,8 @@ class CompiledBackend:
     def run(self, decision: Decision) -> StepOutcome:
         ce, es = self.compiled, self.es
         assert ce is not None and es is not None
-        ce.decide(Decision(order=decision.order, shed=decision.shed, victims=decision.victims))
-        (g, w, wm, r, rm, waited), outcome = ko.after_decide(ce.state, es, ce.drained)
+        ce.decide(decision)
+        (g, w, wm, r, rm, waited), outcome = self._after_decide(ce.state, es, ce.drained)
         self._obs = ({"global": g, "waiting": w, "waiting_mask": wm, "running": r,
                       "running_mask": rm}, waited)  # a fresh point: nothing chosen yet
         return self._outcome(outcome)
@@ -273,9 +294,9 @@ class CompiledBackend:
             return obs
         ce = self.compiled
         assert ce is not None and self.es is not None
-        g, w, wm, r, rm, waited = ko.observe(
-            ce.state, self.es, ce.drained, np.asarray(chosen_w or (), np.int64),
-            np.asarray(chosen_r or (), np.int64))
+        g, w, wm, r, rm, waited = self._observe(
+            ce.state, self.es, ce.drained, np.array(chosen_w or (), np.int64),
+            np.array(chosen_r or (), np.int64))
         return {"global": g, "waiting": w, "waiting_mask": wm, "running": r,
                 "running_mask": rm}, waited
 

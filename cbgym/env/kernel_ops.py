@@ -59,6 +59,8 @@ class EnvState(NamedTuple):
     tf: np.ndarray  # sum of finish times (finished), (shed), time, area
     recent: np.ndarray  # the output-length features of the observation
     seen_finished: np.ndarray  # completions the recent features reflect (1 element)
+    stat_sums: np.ndarray  # output tokens of the window's completions per bucket, then all
+    stat_counts: np.ndarray  # completions in the window per bucket, then all
     w_ids: np.ndarray  # visible waiting ids (K), then running (R); first point[0] / [1] valid
     r_ids: np.ndarray
     point: np.ndarray  # nw, nr, shortfall of the pending decision point
@@ -135,21 +137,26 @@ def _time(x: float) -> float:
 
 @njit(cache=True)
 def _update_recent(s: State, e: EnvState) -> None:
-    """Refresh the output-length statistics when a request finished since the last call."""
+    """Refresh the output-length statistics when a request finished since the last call.
+
+    The window's per-bucket sums move incrementally (completions enter, the oldest leave);
+    they are sums of integers, exact in float64, so this equals recomputing them.
+    """
     nf, recent = s.si[k.NUM_FINISHED], e.recent
-    if nf == e.seen_finished[0]:
+    prev = e.seen_finished[0]
+    if nf == prev:
         return
     e.seen_finished[0] = nf
-    sums = np.zeros(_NB)
-    counts = np.zeros(_NB, np.int64)
-    total = 0.0
-    lo = max(nf - _WINDOW, 0)
-    for j in range(lo, nf):
-        rid = s.finish_order[j]
-        b = np.searchsorted(_EDGES, s.prompt[rid], side="right")
-        sums[b] += s.generated[rid]
-        counts[b] += 1
-        total += s.generated[rid]
+    sums, counts = e.stat_sums, e.stat_counts
+    for j, sign in ((max(prev - _WINDOW, 0), -1), (prev, 1)):  # leaving, then entering
+        stop = max(nf - _WINDOW, 0) if sign < 0 else nf
+        for jj in range(j, stop):
+            rid = s.finish_order[jj]
+            b = np.searchsorted(_EDGES, s.prompt[rid], side="right")
+            sums[b] += sign * s.generated[rid]
+            counts[b] += sign
+            sums[_NB] += sign * s.generated[rid]
+            counts[_NB] += sign
     for b in range(_NB):
         if counts[b]:
             mean = np.float64(np.float32(sums[b] / counts[b]))
@@ -157,8 +164,8 @@ def _update_recent(s: State, e: EnvState) -> None:
             recent[_NB + b] = 1.0
         else:
             recent[b] = recent[_NB + b] = 0.0
-    has_mean = nf > lo
-    mean_all = np.float64(np.float32(total / (nf - lo))) if has_mean else 0.0
+    has_mean = counts[_NB] > 0
+    mean_all = np.float64(np.float32(sums[_NB] / counts[_NB])) if has_mean else 0.0
     recent[2 * _NB] = min(mean_all * _MEAN_SCALE, _MEAN_HIGH) if has_mean else 0.0
     recent[2 * _NB + 1] = 1.0 if has_mean else 0.0
 

@@ -410,10 +410,8 @@ class SchedulingEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
         assert ms is not None
         K, R = self.K, self.R
         i = check_discrete(action, ms.mask(K, R), lambda j: ms.describe(j, K, R))
-        if i < K:
-            ms.chosen_w.append(i)
-        elif i < self.STOP:
-            ms.chosen_r.append(i - K)
+        if i != self.STOP:
+            ms.choose(i, K)
         if i != self.STOP and not ms.ready():
             return None
         outcome = self._sim.run(ms.decision(self._sim.w_ids, self._sim.r_ids))
@@ -465,7 +463,7 @@ class SchedulingEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
             mask = np.zeros(self.K + self.R + 1, dtype=np.int8)
             mask[self.STOP] = 1
             return mask
-        return self._micro.mask(self.K, self.R)
+        return self._micro.mask(self.K, self.R).copy()
 
     # ------------------------------------------------------------------ public accessors
     @property
