@@ -621,6 +621,19 @@ def decide(s: State, order: np.ndarray, has_order: bool, shed_ids: np.ndarray,
     return advance(s)
 
 
+_BOUND: dict[tuple, object] = {}
+
+
+def _layout(x: object) -> object:
+    """What numba's type of ``x`` depends on, cheaply (arrays: dtype, ndim, layout, flags)."""
+    if isinstance(x, np.ndarray):
+        f = x.flags
+        return x.dtype.str, x.ndim, f.c_contiguous, f.f_contiguous, f.writeable, f.aligned
+    if isinstance(x, tuple):
+        return type(x), tuple(_layout(v) for v in x)
+    return type(x)
+
+
 def bind(fn: numba.core.registry.CPUDispatcher, *args: object) -> object:
     """``fn``'s compiled entry point for arguments of exactly these types.
 
@@ -629,9 +642,13 @@ def bind(fn: numba.core.registry.CPUDispatcher, *args: object) -> object:
     same types (array dtypes, dimensions and layouts included); callers bind once per episode
     to the state they built and pass per-step arrays made contiguous with a fixed dtype.
     """
-    sig = tuple(numba.typeof(x) for x in args)
-    fn.compile(sig)  # a no-op once compiled (or loaded from the on-disk cache)
-    return fn.overloads[sig].entry_point
+    key = (fn, _layout(args))
+    entry = _BOUND.get(key)
+    if entry is None:
+        sig = tuple(numba.typeof(x) for x in args)
+        fn.compile(sig)  # a no-op once compiled (or loaded from the on-disk cache)
+        entry = _BOUND[key] = fn.overloads[sig].entry_point
+    return entry
 
 
 def cost_params(cost_model: object) -> tuple[int, np.ndarray] | None:
