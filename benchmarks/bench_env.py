@@ -1,5 +1,8 @@
 """Environment steps per second: random agent and FCFS agent, single env and a vector of 2.
 
+Rows use the default (compiled) backend; the "(python)" rows time the Python reference it
+reproduces (``backend="python"``).
+
 Gymnasium's CartPole-v1 is measured in the same run for comparison. Each row runs for
 ``--seconds`` of wall time (whole episodes restart as needed); "iter/s" counts engine iterations
 (one step may cover several when nothing can be decided in between).
@@ -176,6 +179,11 @@ def main() -> None:
             rows.append((short, label, "1", bench_single(env, agent, args.seconds, 0)))
             rows.append((short, label, "2 (sync)",
                          bench_vector(make(env_id), agent_name, args.seconds, 0)))
+    for agent_name in (None, "fcfs"):  # the Python reference the compiled backend reproduces
+        env = gym.make("cbgym/Scheduling-v0", backend="python", **kwargs)
+        agent = EnvAgent(agent_name, env) if agent_name else None
+        rows.append(("Scheduling-v0 (python)", agent_name or "random", "1",
+                     bench_single(env, agent, args.seconds, 0)))
     rows.append(("CartPole-v1", "random", "1", bench_cartpole(args.seconds, False)))
     rows.append(("CartPole-v1", "constant", "2 (sync)", bench_cartpole(args.seconds, True)))
 

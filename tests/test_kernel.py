@@ -31,20 +31,17 @@ from cbgym.env import SchedulingEnv, SchedulingMaskedEnv
 from cbgym.workload.trace import Trace
 from tests.conftest import make_config, random_trace
 from tests.test_engine_invariants import build, configs, traces
+from tests.test_engine_invariants import random_decision as any_decision
 
 kernel_configs = st.tuples(configs, st.sampled_from([None, None, 200, 420])).map(
     lambda c: {**c[0], "max_model_len": c[1]})
 
 
 def random_decision(dp: DecisionPoint, rng: np.random.Generator) -> Decision:
-    """Orders, holds, sheds and victims (the decisions the env can express)."""
-    waiting = rng.permutation(dp.waiting)
-    shed = waiting[: int(rng.random() < 0.05)]
-    keep = waiting[len(shed):]
-    order = keep[rng.random(len(keep)) < 0.9] if rng.random() < 0.5 else keep
-    victims = rng.permutation(dp.running) if rng.random() < 0.5 else None
-    return Decision(order=order if rng.random() < 0.8 else None, shed=shed.tolist(),
-                    shed_reason="shed_by_agent", victims=victims)
+    """Orders (or none: FCFS), holds, sheds and victims: what the env can express."""
+    d = any_decision(dp, rng)
+    return Decision(order=d.order if rng.random() < 0.8 else None, shed=d.shed,
+                    shed_reason="shed_by_agent", victims=d.victims)
 
 
 def assert_same_engine(ref: Engine, got: Engine) -> None:
@@ -161,27 +158,32 @@ def _env_kwargs(args: dict) -> dict:
     return kw
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(trace=traces.filter(lambda t: len(t[0]) >= 2), cfg=kernel_configs, args=env_args,
-       seed=st.integers(0, 2**16))
-def test_compiled_env_matches_reference(trace, cfg, args, seed) -> None:
-    ref, got = _env_pair(SchedulingEnv, build(*trace), _config(cfg), **_env_kwargs(args))
+def play_both(ref: SchedulingEnv, got: SchedulingEnv, act: object) -> None:
+    """Step both envs with the same actions to the episode's end, comparing every step."""
     o1, i1 = ref.reset(seed=0)
     o2, i2 = got.reset(seed=0)
-    rng = np.random.default_rng(seed)
     done = False
-    while not done:
+    while True:
         assert_same_observation(o1, o2)
         assert_same_info(i1, i2)
         np.testing.assert_array_equal(got.visible_waiting_ids, ref.visible_waiting_ids)
-        action = rng.uniform(-1, 1, ref.action_space.shape).astype(np.float32)
+        if done:
+            break
+        action = act(ref, i1)  # type: ignore[operator]
         o1, r1, t1, tr1, i1 = ref.step(action)
         o2, r2, t2, tr2, i2 = got.step(action)
         assert (r1, t1, tr1) == (r2, t2, tr2)
         done = t1 or tr1
-    assert_same_observation(o1, o2)
-    assert_same_info(i1, i2)
     pd.testing.assert_frame_equal(got.episode_result().requests, ref.episode_result().requests)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(trace=traces.filter(lambda t: len(t[0]) >= 2), cfg=kernel_configs, args=env_args,
+       seed=st.integers(0, 2**16))
+def test_compiled_env_matches_reference(trace, cfg, args, seed) -> None:
+    rng = np.random.default_rng(seed)
+    play_both(*_env_pair(SchedulingEnv, build(*trace), _config(cfg), **_env_kwargs(args)),
+              lambda env, info: rng.uniform(-1, 1, env.action_space.shape).astype(np.float32))
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -189,21 +191,9 @@ def test_compiled_env_matches_reference(trace, cfg, args, seed) -> None:
        seed=st.integers(0, 2**16))
 def test_compiled_masked_env_matches_reference(trace, cfg, args, seed) -> None:
     args = {k: v for k, v in args.items() if k != "shed_threshold"}
-    ref, got = _env_pair(SchedulingMaskedEnv, build(*trace), _config(cfg),
-                         **_env_kwargs(args))
-    o1, i1 = ref.reset(seed=0)
-    o2, i2 = got.reset(seed=0)
     rng = np.random.default_rng(seed)
-    done = False
-    while not done:
-        assert_same_observation(o1, o2)
-        assert_same_info(i1, i2)
-        action = int(rng.choice(np.flatnonzero(i1["action_mask"])))
-        o1, r1, t1, tr1, i1 = ref.step(action)
-        o2, r2, t2, tr2, i2 = got.step(action)
-        assert (r1, t1, tr1) == (r2, t2, tr2)
-        done = t1 or tr1
-    pd.testing.assert_frame_equal(got.episode_result().requests, ref.episode_result().requests)
+    play_both(*_env_pair(SchedulingMaskedEnv, build(*trace), _config(cfg), **_env_kwargs(args)),
+              lambda env, info: int(rng.choice(np.flatnonzero(info["action_mask"]))))
 
 
 # ---------------------------------------------------------------- choosing the backend

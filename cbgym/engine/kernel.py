@@ -575,7 +575,6 @@ def _iterate(s: State, order: np.ndarray, has_order: bool, victims: np.ndarray,
 
 
 # ---------------------------------------------------------------- the door
-_NONE = np.empty(0, np.int64)
 
 
 @njit(cache=True)
