@@ -196,6 +196,19 @@ def test_compiled_masked_env_matches_reference(trace, cfg, args, seed) -> None:
               lambda env, info: int(rng.choice(np.flatnonzero(info["action_mask"]))))
 
 
+def test_env_row_buffer_refills(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A step whose iterations overflow the kernel's row buffer finishes in Python, the same."""
+    monkeypatch.setattr(compiled_mod, "_REC_ROWS", 2)
+    tr = random_trace(np.random.default_rng(5), 30, rate=3.0, max_prompt=60, max_output=50)
+    rng = np.random.default_rng(5)
+    for cls in (SchedulingEnv, SchedulingMaskedEnv):
+        pair = _env_pair(cls, tr, make_config(num_kv_blocks=50, block_size=4, max_num_seqs=3))
+        if cls is SchedulingEnv:
+            play_both(*pair, lambda env, info: rng.uniform(-1, 1, env.action_space.shape))
+        else:
+            play_both(*pair, lambda env, info: int(np.flatnonzero(info["action_mask"])[0]))
+
+
 # ---------------------------------------------------------------- choosing the backend
 @dataclass(frozen=True)
 class FlatCost:
