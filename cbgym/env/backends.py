@@ -200,21 +200,22 @@ class CompiledBackend:
     # ------------------------------------------------------------------ the pending point
     @property
     def drained(self) -> bool:
-        assert self.compiled is not None
-        return self.compiled.drained
+        return self.compiled is None or self.compiled.drained
 
     @property
     def w_ids(self) -> np.ndarray:
         """Visible waiting ids (a view: valid until the next step)."""
         es = self.es
-        assert es is not None
-        return es.w_ids[: 0 if self.drained else es.point[0]]
+        if es is None or self.drained:
+            return _EMPTY
+        return es.w_ids[: es.point[0]]
 
     @property
     def r_ids(self) -> np.ndarray:
         es = self.es
-        assert es is not None
-        return es.r_ids[: 0 if self.drained else es.point[1]]
+        if es is None or self.drained:
+            return _EMPTY
+        return es.r_ids[: es.point[1]]
 
     @property
     def shortfall(self) -> int:
