@@ -23,7 +23,7 @@ from cbgym.engine.compiled import CompiledEngine
 from cbgym.engine.decision import Decision, DecisionPoint
 from cbgym.engine.engine import Engine
 from cbgym.env import kernel_ops as ko
-from cbgym.env.action import SHED_REASON, check_scores, decode_scores
+from cbgym.env.action import check_scores, decode_scores
 from cbgym.env.observation import ObservationEncoder, Snapshot
 from cbgym.env.reward import RewardTracker, StepOutcome
 from cbgym.workload.trace import Trace
@@ -160,19 +160,10 @@ class CompiledBackend:
         self.compiled = ce = CompiledEngine(window, cfg, consult=consult)
         req = ce.engine.req
         self.encoder.start_episode(req.arrival_s, req.prompt, req.tenant, req.slo_class)
-        deadline = req.arrival_s + ttft  # the reward's state, laid out as RewardTracker's
-        dl_order = np.argsort(deadline, kind="stable")
-        self.es = ko.EnvState(
-            env.K, env.R, env.window_rule == "smallest_prompt", float(env.hold_threshold),
-            env.shed_threshold is not None,
-            -2.0 if env.shed_threshold is None else float(env.shed_threshold),
-            cfg.max_num_batched_tokens, cfg.max_num_seqs, self.encoder.template, ttft, tpot,
-            dl_order, deadline[dl_order], deadline,
-            np.concatenate(([0.0], np.cumsum(req.arrival_s))), np.zeros(req.n, dtype=bool),
-            np.zeros(3, np.int64), np.zeros(4), np.zeros(ko._G - 18),
-            np.zeros(1, np.int64), np.zeros(ko._NB + 1), np.zeros(ko._NB + 1, np.int64),
-            np.zeros(env.K, np.int64), np.zeros(env.R, np.int64),
-            np.zeros(3, np.int64))
+        self.es = ko.new_env_state(
+            env.K, env.R, env.window_rule == "smallest_prompt", env.hold_threshold,
+            env.shed_threshold, cfg.max_num_batched_tokens, cfg.max_num_seqs,
+            self.encoder.template, req.arrival_s, ttft, tpot)
         self._obs = None
         if not ce.drained:
             ko.visible(ce.state, self.es)
@@ -317,4 +308,4 @@ def resolve_backend(env: SchedulingEnv, backend: str) -> PythonBackend | Compile
     return CompiledBackend(env)
 
 
-__all__ = ["CompiledBackend", "PythonBackend", "SHED_REASON", "resolve_backend"]
+__all__ = ["CompiledBackend", "PythonBackend", "resolve_backend"]

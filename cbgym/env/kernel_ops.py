@@ -66,6 +66,24 @@ class EnvState(NamedTuple):
     point: np.ndarray  # nw, nr, shortfall of the pending decision point
 
 
+def new_env_state(K: int, R: int, smallest_prompt: bool, hold: float,
+                  shed_threshold: float | None, token_budget: int, max_seqs: int,
+                  template: np.ndarray, arrival_s: np.ndarray, ttft_target: np.ndarray,
+                  tpot_target: np.ndarray) -> EnvState:
+    """The env's kernel state at the start of an episode (the reward's laid out as
+    RewardTracker's: deadlines in order, prefix sums of arrivals)."""
+    deadline = arrival_s + ttft_target
+    dl_order = np.argsort(deadline, kind="stable")
+    return EnvState(
+        K, R, smallest_prompt, float(hold), shed_threshold is not None,
+        -2.0 if shed_threshold is None else float(shed_threshold), token_budget, max_seqs,
+        template, ttft_target, tpot_target, dl_order, deadline[dl_order], deadline,
+        np.concatenate(([0.0], np.cumsum(arrival_s))), np.zeros(len(arrival_s), dtype=bool),
+        np.zeros(3, np.int64), np.zeros(4), np.zeros(_G - 18), np.zeros(1, np.int64),
+        np.zeros(_NB + 1), np.zeros(_NB + 1, np.int64), np.zeros(K, np.int64),
+        np.zeros(R, np.int64), np.zeros(3, np.int64))
+
+
 @njit(cache=True)
 def visible(s: State, e: EnvState) -> None:
     """Fix the pending point's visible windows (``e.point``: nw, nr, shortfall)."""
