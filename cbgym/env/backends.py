@@ -19,12 +19,12 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from cbgym.engine import kernel as k
-from cbgym.engine.compiled import CompiledEngine
+from cbgym.engine.compiled import CompiledEngine, supports
 from cbgym.engine.decision import Decision, DecisionPoint
 from cbgym.engine.engine import Engine
 from cbgym.env import kernel_ops as ko
 from cbgym.env.action import check_scores, decode_scores
-from cbgym.env.observation import ObservationEncoder, Snapshot
+from cbgym.env.observation import ObservationEncoder, Snapshot, slot_template
 from cbgym.env.reward import RewardTracker, StepOutcome
 from cbgym.workload.trace import Trace
 
@@ -148,9 +148,6 @@ class CompiledBackend:
 
     def __init__(self, env: SchedulingEnv) -> None:
         self.env = env
-        cfg = env.config
-        self.encoder = ObservationEncoder(env.K, env.R, cfg.max_num_batched_tokens,
-                                          cfg.max_num_seqs)  # for its per-episode template
         self.compiled: CompiledEngine | None = None
         self.es: ko.EnvState | None = None
         self._obs: tuple[dict[str, np.ndarray], np.ndarray] | None = None
@@ -159,11 +156,10 @@ class CompiledBackend:
         env, cfg = self.env, self.env.config
         self.compiled = ce = CompiledEngine(window, cfg, consult=consult)
         req = ce.engine.req
-        self.encoder.start_episode(req.arrival_s, req.prompt, req.tenant, req.slo_class)
         self.es = ko.new_env_state(
             env.K, env.R, env.window_rule == "smallest_prompt", env.hold_threshold,
             env.shed_threshold, cfg.max_num_batched_tokens, cfg.max_num_seqs,
-            self.encoder.template, req.arrival_s, ttft, tpot)
+            slot_template(req.prompt, req.tenant, req.slo_class), req.arrival_s, ttft, tpot)
         self._obs = None
         if not ce.drained:
             ko.visible(ce.state, self.es)
@@ -251,18 +247,15 @@ class CompiledBackend:
             obs, outcome = self._after_decide(ce.state, es, ce.settle(code) == k.DRAINED)
         else:
             ce.drained = code == k.DRAINED
-        g, w, wm, r, rm, waited = obs
-        self._obs = ({"global": g, "waiting": w, "waiting_mask": wm, "running": r,
-                      "running_mask": rm}, waited)
+        self._obs = _obs_dict(obs)
         return self._outcome(outcome)
 
     def run(self, decision: Decision) -> StepOutcome:
         ce, es = self.compiled, self.es
         assert ce is not None and es is not None
         ce.decide(decision)
-        (g, w, wm, r, rm, waited), outcome = self._after_decide(ce.state, es, ce.drained)
-        self._obs = ({"global": g, "waiting": w, "waiting_mask": wm, "running": r,
-                      "running_mask": rm}, waited)  # a fresh point: nothing chosen yet
+        obs, outcome = self._after_decide(ce.state, es, ce.drained)
+        self._obs = _obs_dict(obs)  # a fresh point: nothing chosen yet
         return self._outcome(outcome)
 
     def _outcome(self, outcome: np.ndarray) -> StepOutcome:
@@ -286,17 +279,21 @@ class CompiledBackend:
             return obs
         ce = self.compiled
         assert ce is not None and self.es is not None
-        g, w, wm, r, rm, waited = self._observe(
+        return _obs_dict(self._observe(
             ce.state, self.es, ce.drained, np.array(chosen_w or (), np.int64),
-            np.array(chosen_r or (), np.int64))
-        return {"global": g, "waiting": w, "waiting_mask": wm, "running": r,
-                "running_mask": rm}, waited
+            np.array(chosen_r or (), np.int64)))
+
+
+def _obs_dict(arrays: tuple[np.ndarray, ...]) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """The kernel's (global, waiting, waiting_mask, running, running_mask, waited) as the
+    observation dict and the waited seconds."""
+    g, w, wm, r, rm, waited = arrays
+    return {"global": g, "waiting": w, "waiting_mask": wm, "running": r,
+            "running_mask": rm}, waited
 
 
 def resolve_backend(env: SchedulingEnv, backend: str) -> PythonBackend | CompiledBackend:
     """``"auto"``: compiled when the engine configuration allows it, else Python."""
-    from cbgym.engine.compiled import supports
-
     if backend not in ("auto", "compiled", "python"):
         raise ValueError(f"backend={backend!r}: expected 'auto', 'compiled' or 'python'")
     if backend == "python" or (backend == "auto" and not supports(env.config)):

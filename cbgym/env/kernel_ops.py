@@ -46,7 +46,7 @@ class EnvState(NamedTuple):
     shed_threshold: float
     token_budget: int
     max_seqs: int
-    template: np.ndarray  # per-request static slot features (ObservationEncoder.template)
+    template: np.ndarray  # per-request static slot features (observation.slot_template)
     ttft_target: np.ndarray
     tpot_target: np.ndarray
     # reward tracker (RewardTracker's fields): deadlines in order, arrival prefix sums, ...

@@ -201,6 +201,14 @@ class Snapshot:
     num_hidden: int
 
 
+def slot_template(prompt: np.ndarray, tenant: np.ndarray, slo_class: np.ndarray) -> np.ndarray:
+    """Per-request slot rows with the static features scaled (the dynamic ones left 0)."""
+    template = np.zeros((len(prompt), _F))
+    template[:, [_S_PROMPT, _S_TENANT, _S_SLO]] = count_scale(
+        np.column_stack((prompt, tenant, slo_class)))
+    return template
+
+
 class ObservationEncoder:
     """Turns engine state into observations, with per-episode precomputation.
 
@@ -220,10 +228,7 @@ class ObservationEncoder:
                       slo_class: np.ndarray) -> None:
         """Precompute the scaled static features of every request of the episode."""
         self._arrival = arrival_s
-        template = np.zeros((len(arrival_s), _F))
-        template[:, [_S_PROMPT, _S_TENANT, _S_SLO]] = count_scale(
-            np.column_stack((prompt, tenant, slo_class)))
-        self.template = template
+        self._template = slot_template(prompt, tenant, slo_class)
         self._recent = [0.0] * (2 * NUM_OUTPUT_BUCKETS + 2)
         self._recent_finished = -1
         self._masks: dict[tuple[int, int], np.ndarray] = {}
@@ -291,7 +296,7 @@ class ObservationEncoder:
         dyn = np.log2(raw + 1.0)
         dyn *= _DYNAMIC_FACTORS
         np.minimum(dyn, 1.0, out=dyn)
-        block = self.template[ids]
+        block = self._template[ids]
         block[:, _DYNAMIC_COLS] = dyn.T
         slots = np.zeros((K + R, _F), dtype=np.float32)
         slots[:nw] = block[:nw]
