@@ -470,7 +470,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     import torch
     from stable_baselines3.common.env_util import make_vec_env
 
-    from cbgym.workload.scaling import measure_capacity
+    from cbgym.capacity import measure_capacity
 
     # NOTE: small nets on a shared 2-core machine: one thread is ~3x faster than torch's default
     torch.set_num_threads(args.torch_threads)

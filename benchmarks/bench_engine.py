@@ -14,8 +14,8 @@ import resource
 import time
 
 import cbgym
+from cbgym.capacity import measure_capacity, scale_to_load
 from cbgym.workload import load_trace
-from cbgym.workload.scaling import measure_capacity, scale_to_load
 
 
 def main() -> None:

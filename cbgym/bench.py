@@ -37,10 +37,10 @@ import pandas as pd
 from tqdm import tqdm
 
 from cbgym import study
+from cbgym.capacity import CAPACITY_SAMPLE, measure_capacity
 from cbgym.engine.config import EngineConfig
 from cbgym.metrics import SLO, config_dict
 from cbgym.workload.catalog import CATALOG, TraceNotFoundError, default_cache_dir, load_trace
-from cbgym.workload.scaling import CAPACITY_SAMPLE, measure_capacity
 from cbgym.workload.trace import Trace
 
 # Quantile levels of normalised latency kept per run at the CDF load (for the CDF plot).

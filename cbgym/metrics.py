@@ -87,7 +87,11 @@ class SimulationResult:
             preemptions, status ("finished" or "shed"), reason).
         timeseries: one row per engine iteration (start_s, duration_s, num_waiting,
             num_running, kv_blocks_used, kv_cache_usage_perc, num_tokens, prefill_tokens,
-            decode_seqs, num_preemptions).
+            decode_seqs, num_preemptions, num_iterations). Without ``record_iterations``, a run
+            of identical pure-decode iterations (same queue and batch, no prefill, no
+            preemption) is one row: ``num_iterations`` of them, ``duration_s`` their total,
+            per-iteration token counts, and the KV blocks in use after the last; so memory
+            grows with the workload's events, not with its output lengths.
         iterations: the batch log when run with ``record_iterations=True`` (one row per
             scheduled request per iteration: iteration, request_id, num_tokens), else None.
         preemption_log: (iteration, request_id) of each preemption, with the batch log.
@@ -129,7 +133,7 @@ class SimulationResult:
         out["throughput_rps"] = float(len(fin) / span) if span > 0 else 0.0
         out["throughput_tok_s"] = float(fin["output_tokens"].sum() / span) if span > 0 else 0.0
         out["num_preemptions"] = float(self.requests["preemptions"].sum())
-        out["iterations"] = float(len(self.timeseries))
+        out["iterations"] = float(self.timeseries["num_iterations"].sum())
         out["sim_seconds"] = self.sim_seconds
         out["wall_seconds"] = float(self.meta.get("wall_seconds", float("nan")))
         return out

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import inspect
+import math
+import os
 import time
+from numbers import Integral, Real
 
 import pandas as pd
 
 from cbgym.engine.config import EngineConfig
 from cbgym.engine.decision import Policy, PolicyContext
-from cbgym.engine.engine import Engine
+from cbgym.engine.engine import Engine, EngineStuckError
 from cbgym.metrics import (
     SLO,
     SimulationResult,
@@ -17,16 +21,88 @@ from cbgym.metrics import (
     requests_frame,
     timeseries_frame,
 )
+from cbgym.workload import load_trace
 from cbgym.workload.trace import Trace
 
 
-def resolve_policy(policy: str | Policy) -> Policy:
-    """A policy object from a policy or a name such as ``"fcfs"`` or ``"noisy-oracle:0.8"``."""
+def _given(value: object) -> str:
+    """``value`` for an error message: its type and (shortened) repr."""
+    text = repr(value)
+    return f"{type(value).__name__} {text if len(text) <= 80 else text[:77] + '...'}"
+
+
+def resolve_trace(trace: Trace | str | os.PathLike[str]) -> Trace:
+    """A trace from a :class:`Trace`, or a trace name or path (see :func:`cbgym.load_trace`)."""
+    if isinstance(trace, Trace):
+        return trace
+    if isinstance(trace, str | os.PathLike):
+        return load_trace(trace)
+    raise TypeError(f"trace: expected a Trace, a trace name or a path "
+                    f"(str or os.PathLike), got {_given(trace)}")
+
+
+def resolve_engine(engine: EngineConfig | str | None) -> EngineConfig:
+    """An engine config from a config, None (``EngineConfig()``) or a preset name.
+
+    Preset names are those of ``EngineConfig(preset=...)``: ``"cbsjf-paper"``,
+    ``"llama-2-7b/a100-80gb"``, ``"llama-2-70b/a100-80gb/tp4"``, ...
+    """
+    if isinstance(engine, EngineConfig):
+        return engine
+    if engine is None:
+        return EngineConfig()
+    if isinstance(engine, str):
+        try:
+            return EngineConfig(preset=engine)
+        except ValueError as exc:
+            raise ValueError(f"engine={engine!r}: not a usable preset: {exc}") from exc
+    raise TypeError(f"engine: expected an EngineConfig, None or a preset name "
+                    f"such as 'llama-2-7b/a100-80gb' or 'cbsjf-paper', got {_given(engine)}")
+
+
+def resolve_policy(policy: str | Policy | type[Policy]) -> Policy:
+    """A policy object from a policy, a policy class (built with no arguments) or a spec.
+
+    A spec is a registered name, optionally with an argument: ``"fcfs"``,
+    ``"noisy-oracle:0.8"`` (see :func:`cbgym.agents.make_policy`).
+    """
     if isinstance(policy, Policy):
         return policy
-    from cbgym.agents import make_policy
+    if isinstance(policy, type) and issubclass(policy, Policy):
+        try:
+            inspect.signature(policy).bind()
+        except TypeError as exc:
+            raise TypeError(f"policy={policy.__name__}: a policy class must be "
+                            f"buildable without arguments ({exc}); pass an instance or a spec "
+                            "string such as 'noisy-oracle:0.8'") from None
+        return policy()
+    if isinstance(policy, str):
+        from cbgym.agents import make_policy
 
-    return make_policy(policy)
+        try:
+            return make_policy(policy)
+        except ValueError as exc:
+            raise ValueError(f"policy={policy!r}: {exc}") from exc
+    raise TypeError(f"policy: expected a Policy, a Policy subclass or a spec "
+                    f"string such as 'fcfs' or 'noisy-oracle:0.8', got {_given(policy)}")
+
+
+def _positive(name: str, value: float | None) -> float | None:
+    """``value`` as a float, checked to be None or a finite number > 0."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, Real):
+        raise TypeError(f"{name}: expected None or a number > 0, "
+                        f"got {_given(value)}")
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"{name}={value!r}: expected None or a finite number > 0")
+    return float(value)
+
+
+def _seed(seed: int) -> int:
+    if isinstance(seed, bool) or not isinstance(seed, Integral):
+        raise TypeError(f"seed: expected an int, got {_given(seed)}")
+    return int(seed)
 
 
 def run_engine(engine: Engine, policy: Policy) -> None:
@@ -36,9 +112,9 @@ def run_engine(engine: Engine, policy: Policy) -> None:
 
 
 def simulate(
-    trace: Trace,
-    policy: str | Policy = "fcfs",
-    engine: EngineConfig | None = None,
+    trace: Trace | str | os.PathLike[str],
+    policy: str | Policy | type[Policy] = "fcfs",
+    engine: EngineConfig | str | None = None,
     load: float | None = None,
     seed: int = 0,
     slo: SLOSpec | None = None,
@@ -48,34 +124,53 @@ def simulate(
     """Simulate ``trace`` on one serving instance under ``policy``.
 
     Args:
-        trace: the requests (see :func:`cbgym.load_trace`).
-        policy: a :class:`cbgym.engine.Policy` or a registered name (``cbgym.agents.POLICIES``).
-        engine: engine configuration; default ``EngineConfig()`` (llama-2-7b on an A100-80GB).
-        load: if given, rescale arrival times to this offered load rho = lambda / mu for this
-            engine (mu measured by saturation, see :func:`cbgym.workload.scaling.scale_to_load`).
-        seed: seed handed to the policy (e.g. ``random``); the engine itself is deterministic.
+        trace: the requests: a :class:`cbgym.Trace`, or a trace name or path (str or
+            ``os.PathLike``) loaded with :func:`cbgym.load_trace`.
+        policy: a :class:`cbgym.engine.Policy`, a Policy subclass (built with no arguments) or
+            a spec such as ``"fcfs"`` or ``"noisy-oracle:0.8"`` (``cbgym.agents.POLICIES``).
+        engine: an :class:`cbgym.EngineConfig`, a preset name (``"cbsjf-paper"``,
+            ``"llama-2-7b/a100-80gb"``: ``EngineConfig(preset=...)``), or None for
+            ``EngineConfig()`` (llama-2-7b on an A100-80GB).
+        load: if given (finite, > 0), rescale arrival times to this offered load
+            rho = lambda / mu for this engine (mu measured by saturation, see
+            :func:`cbgym.capacity.scale_to_load`).
+        seed: int seed handed to the policy (e.g. ``random``); the engine is deterministic.
         slo: TTFT/TPOT targets for goodput (default TTFT <= 2 s, TPOT <= 0.1 s), or a mapping
             from SLO class to SLO.
         record_iterations: keep the per-iteration batch log (``.iterations``).
-        capacity_rps: mu to use with ``load`` instead of measuring it.
+        capacity_rps: mu to use with ``load`` instead of measuring it (finite, > 0).
 
     Returns:
         A :class:`cbgym.metrics.SimulationResult`.
+
+    Raises:
+        TypeError: an argument of the wrong type (the message names it).
+        ValueError: an unknown preset or policy, or a ``load``/``capacity_rps`` that is not a
+            finite number > 0.
     """
-    cfg = engine or EngineConfig()
+    load, capacity_rps = _positive("load", load), _positive("capacity_rps", capacity_rps)
+    seed = _seed(seed)
+    cfg = resolve_engine(engine)
+    pol = resolve_policy(policy)
+    trace = resolve_trace(trace)
     slo = slo or SLO()
     if load is not None:
-        from cbgym.workload.scaling import scale_to_load
+        from cbgym.capacity import scale_to_load
 
         trace = scale_to_load(trace, load, cfg, capacity_rps=capacity_rps)
-    pol = resolve_policy(policy)
-    eng = Engine(trace, cfg, consult=pol.consult, record_iterations=record_iterations)
     pol.reset(PolicyContext(
         config=cfg, num_requests=len(trace), seed=seed,
         true_output_tokens=trace.output_tokens if pol.privileged else None,
+        prompt_tokens=trace.prompt_tokens, arrival_s=trace.arrival_s,
     ))
     wall = time.perf_counter()
-    run_engine(eng, pol)
+    # a static key runs inside the compiled loop: no Python call per decision
+    eng = Engine(trace, cfg, consult=pol.consult, record_iterations=record_iterations,
+                 keys=pol.static_keys())
+    try:
+        run_engine(eng, pol)
+    except EngineStuckError as exc:
+        raise EngineStuckError(f"policy {getattr(pol, 'label', pol.name)!r}: {exc}") from None
     wall = time.perf_counter() - wall
     return collect(eng, slo, meta={
         "policy": getattr(pol, "label", pol.name), "trace": trace.name, "load": load,
@@ -101,4 +196,6 @@ def collect(eng: Engine, slo: SLOSpec, meta: dict) -> SimulationResult:
     )
 
 
-__all__ = ["simulate", "run_engine", "resolve_policy", "collect"]
+__all__ = [
+    "simulate", "run_engine", "resolve_trace", "resolve_engine", "resolve_policy", "collect",
+]

@@ -28,10 +28,10 @@ import cbgym  # noqa: E402
 from cbgym.agents import make_policy  # noqa: E402
 from cbgym.agents.learned import LearnedPolicy, load_model, shipped_names  # noqa: E402
 from cbgym.agents.slot_net import MaskableSlotPolicy, SlotPolicy  # noqa: E402
+from cbgym.capacity import measure_capacity  # noqa: E402
 from cbgym.engine import EngineConfig  # noqa: E402
 from cbgym.metrics import SLO  # noqa: E402
 from cbgym.workload import load_trace  # noqa: E402
-from cbgym.workload.scaling import measure_capacity  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))

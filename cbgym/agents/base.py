@@ -119,6 +119,9 @@ class KeyPolicy(Policy):
     """
 
     uses_output_stats: ClassVar[bool] = False
+    # keys read only a request's own fixed features (prompt, true output, arrival): the engine
+    # may rank by them inside its compiled loop (see Policy.static_keys)
+    static_key: ClassVar[bool] = False
 
     def reset(self, ctx: PolicyContext) -> None:
         super().reset(ctx)
@@ -141,6 +144,24 @@ class KeyPolicy(Policy):
     def keys(self, view: QueueView) -> np.ndarray:
         """One key per waiting request of ``view``, lower admitted first."""
         raise NotImplementedError
+
+    def static_keys(self) -> np.ndarray | None:
+        """:meth:`keys` of every request at once, for ``static_key`` policies.
+
+        The view holds every request as if it were waiting at time 0 with nothing computed
+        (waited -arrival, so ``now - waited_s`` is each arrival time exactly).
+        """
+        ctx = self.ctx
+        if not self.static_key or ctx.prompt_tokens is None or ctx.arrival_s is None:
+            return None
+        n = ctx.num_requests
+        zeros = np.zeros(n, np.int64)
+        view = QueueView(
+            queue_pos=np.arange(n), prompt_tokens=ctx.prompt_tokens, num_computed=zeros,
+            num_generated=zeros, num_preemptions=zeros, waited_s=0.0 - ctx.arrival_s,
+            tenant=zeros, slo_class=zeros, now=0.0, recent_output_by_bucket=_NO_STATS,
+            recent_output_mean=float("nan"), true_output_tokens=self._true_output)
+        return np.asarray(self.keys(view), dtype=np.float64)
 
     def key_unit_s(self) -> float:
         """Seconds of work one unit of this policy's key stands for (aging adds waited time

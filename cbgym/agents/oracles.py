@@ -22,6 +22,7 @@ class OracleWork(WorkKeyPolicy):
     """
 
     name = "oracle-work"
+    static_key = True
     privileged = True
 
     def keys(self, view: QueueView) -> np.ndarray:
@@ -35,6 +36,7 @@ class OracleSJF(WorkKeyPolicy):
     """
 
     name = "oracle-sjf"
+    static_key = True
     privileged = True
 
     def keys(self, view: QueueView) -> np.ndarray:

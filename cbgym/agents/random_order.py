@@ -34,6 +34,10 @@ class RandomOrder(Policy):
             return FCFS_DECISION
         return Decision(priority=self._key[dp.waiting])
 
+    def static_keys(self) -> np.ndarray:
+        """The per-request permutation: ranked inside the engine's compiled loop."""
+        return self._key
+
     def keys(self, view: QueueView) -> np.ndarray:
         """Env path: fresh uniform scores, one per waiting request (see the class note)."""
         return self._rng.random(len(view.queue_pos))

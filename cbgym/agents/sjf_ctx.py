@@ -16,6 +16,7 @@ class SJFCtx(WorkKeyPolicy):
     """
 
     name = "sjf-ctx"
+    static_key = True
 
     def keys(self, view: QueueView) -> np.ndarray:
         return view.prompt_tokens.astype(np.float64)

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
+from numbers import Real
 from typing import Literal
+
+import numpy as np
 
 from cbgym.engine.cost_model import CostModel, LinearCostModel
 
@@ -16,6 +20,35 @@ PAPER_COST = LinearCostModel(
     base_s=0.012, prefill_per_token_s=0.00028, decode_per_seq_s=0.00042, prefill_base_s=0.008
 )
 DEFAULT_PRESET = "llama-2-7b/a100-80gb"
+
+# Count fields: (name, None allowed). Checked before the preset derivation reads them.
+_INT_FIELDS = (
+    ("max_num_seqs", False),
+    ("max_num_batched_tokens", False),
+    ("block_size", True),
+    ("num_kv_blocks", True),
+    ("max_model_len", True),
+    ("kv_bytes_per_token", True),
+)
+_REAL_FIELDS = {
+    "gpu_memory_utilization": "a finite real number in (0, 1]",
+    "swap_space_gib": "a finite real number >= 0",
+}
+
+
+def _is_int(value: object) -> bool:
+    """A Python or numpy integer; bool is an int subclass but never a count."""
+    return isinstance(value, int | np.integer) and not isinstance(value, bool | np.bool_)
+
+
+def _is_real(value: object) -> bool:
+    """A finite real number (numpy scalars included); bool and str are not numbers here."""
+    if isinstance(value, bool | np.bool_) or not isinstance(value, Real):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an int beyond float range (10**400) is no usable fraction or size
+        return False
 
 
 def parse_preset(preset: str) -> tuple[str, str, int]:
@@ -63,7 +96,8 @@ class EngineConfig:
     cost_model: CostModel | None = None
     # fraction of GPU memory vLLM may use (weights + activations + KV)
     gpu_memory_utilization: float = 0.9
-    # longest sequence (prompt + output) served; None = unbounded (only KV capacity limits it)
+    # longest sequence (prompt + output) served; None = the model's context length for a
+    # hardware preset (as vLLM derives it), unbounded for cbsjf-paper or preset=None
     max_model_len: int | None = None
     # host memory for swapped-out KV (vLLM v0 swap_space default 4 GiB)
     swap_space_gib: float = 4.0
@@ -74,6 +108,9 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         s = object.__setattr__
+        # types first: the preset derivation does arithmetic with block_size and friends, and a
+        # str there would fail deep inside hardware.py instead of naming the field
+        self._check_types()
         if self.preset == PAPER_PRESET:
             s(self, "mode", PAPER_PRESET)
             self._fill(
@@ -115,7 +152,13 @@ class EngineConfig:
                 f"known: {', '.join(sorted(GPUS))}"
             )
         model = MODELS[model_name]
-        self._fill(block_size=16, kv_bytes_per_token=model.kv_bytes_per_token)
+        # vLLM defaults max_model_len to the model's max_position_embeddings; an explicit value
+        # (even a larger one, which vLLM allows with VLLM_ALLOW_LONG_MAX_MODEL_LEN) is kept
+        self._fill(
+            block_size=16,
+            kv_bytes_per_token=model.kv_bytes_per_token,
+            max_model_len=model.max_position_embeddings,
+        )
         if self.cost_model is None:
             object.__setattr__(self, "cost_model", RooflineCostModel.from_preset(preset))
         if self.num_kv_blocks is None:
@@ -128,9 +171,30 @@ class EngineConfig:
             )
             object.__setattr__(self, "num_kv_blocks", blocks)
 
+    def _check_types(self) -> None:
+        """Reject wrong types (2.5 blocks, "100", "False") and normalise numpy scalars."""
+        s = object.__setattr__
+        if self.preset is not None and not isinstance(self.preset, str):
+            raise _bad(self, "preset", f"None, {PAPER_PRESET!r} or a 'model/gpu' string")
+        for name, optional in _INT_FIELDS:
+            value = getattr(self, name)
+            if value is None and optional:
+                continue
+            if not _is_int(value):
+                raise _bad(self, name, ("None or " if optional else "") + "an integer")
+            s(self, name, int(value))  # numpy ints become ints, so downstream sees plain int
+        # a non-empty string such as "False" is truthy: only real booleans are flags
+        if not isinstance(self.chunked_prefill, bool | np.bool_):
+            raise _bad(self, "chunked_prefill", "a bool (True or False)")
+        s(self, "chunked_prefill", bool(self.chunked_prefill))
+        for name, expected in _REAL_FIELDS.items():
+            if not _is_real(getattr(self, name)):
+                raise _bad(self, name, expected)
+            s(self, name, float(getattr(self, name)))
+
     def _validate(self) -> None:
         def bad(name: str, expected: str) -> ValueError:
-            return ValueError(f"EngineConfig.{name}={getattr(self, name)!r}: expected {expected}")
+            return _bad(self, name, expected)
 
         assert self.block_size is not None and self.num_kv_blocks is not None
         if self.max_num_seqs < 1:
@@ -147,10 +211,14 @@ class EngineConfig:
             raise bad("gpu_memory_utilization", "a fraction in (0, 1]")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise bad("max_model_len", "None or an integer >= 2")
+        if self.kv_bytes_per_token is not None and self.kv_bytes_per_token < 1:
+            raise bad("kv_bytes_per_token", "None or an integer >= 1")
         if self.swap_space_gib < 0:
             raise bad("swap_space_gib", ">= 0")
         if not isinstance(self.cost_model, CostModel):
-            raise bad("cost_model", "an object with iteration_time(stats)")
+            raise bad("cost_model", "LinearCostModel, RooflineCostModel or TableCostModel (a "
+                      "model of your own GPU: TableCostModel.from_csv of a profiling table, or "
+                      "the coefficients of one of these)")
 
     @property
     def kv_capacity_tokens(self) -> int:
@@ -161,3 +229,7 @@ class EngineConfig:
     @property
     def paper_mode(self) -> bool:
         return self.mode == PAPER_PRESET
+
+
+def _bad(config: EngineConfig, name: str, expected: str) -> ValueError:
+    return ValueError(f"EngineConfig.{name}={getattr(config, name)!r}: expected {expected}")

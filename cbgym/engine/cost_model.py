@@ -1,14 +1,16 @@
 """Iteration cost models: how long one engine iteration takes, given what it computes.
 
 Every model maps a :class:`BatchStats` (sufficient statistics of one iteration's batch) to
-seconds. The fields are plain numbers *or* equal-length numpy arrays, and every model is written
-with elementwise numpy operations, so the engine can price a whole stretch of decode-only
-iterations in one call (``iteration_time`` then returns an array).
+seconds. A model is data: its ``kernel_params()`` are what the engine's compiled kernel reads,
+and its ``iteration_time`` evaluates the same formula (:func:`cbgym.engine.pricing.price`), on
+numbers or elementwise on equal-length numpy arrays.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from numbers import Real
 from typing import Protocol, runtime_checkable
 
 import numpy as np
@@ -50,11 +52,33 @@ class BatchStats:
 
 @runtime_checkable
 class CostModel(Protocol):
-    """Anything that prices an iteration. Must be a pure, elementwise function of the stats."""
+    """What the engine prices iterations with: coefficients for the compiled formula."""
+
+    def kernel_params(self) -> tuple[int, np.ndarray]:
+        """(kind, coefficients): see :mod:`cbgym.engine.pricing`."""
+        ...
 
     def iteration_time(self, stats: BatchStats) -> Number:
         """Seconds the iteration takes (an array if the stats hold arrays)."""
         ...
+
+
+def check_coefficient(owner: str, name: str, value: object, bound: str = ">= 0") -> None:
+    """Raise ValueError unless ``value`` is a finite real number satisfying ``bound``.
+
+    ``bound`` is ">= 0" (costs), "> 0" (bandwidths) or "" (any finite number). bool and str
+    are rejected: True would price as 1 s and "0.01" would fail only inside iteration_time.
+    """
+    x = math.nan  # anything that is not a real number fails the finiteness test below
+    if isinstance(value, Real) and not isinstance(value, bool | np.bool_):
+        try:
+            x = float(value)
+        except OverflowError:  # an int too large for a float
+            x = math.inf
+    ok = math.isfinite(x) and (x >= 0 if bound == ">= 0" else x > 0 if bound == "> 0" else True)
+    if not ok:
+        shown = f" {bound}" if bound else ""
+        raise ValueError(f"{owner}.{name} must be a finite number{shown}, got {value!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,25 +98,22 @@ class LinearCostModel:
 
     def __post_init__(self) -> None:
         for name in ("base_s", "prefill_per_token_s", "decode_per_seq_s"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"LinearCostModel.{name} must be >= 0, got {getattr(self, name)}")
-        if self.prefill_base_s is not None and self.prefill_base_s < 0:
-            raise ValueError(
-                f"LinearCostModel.prefill_base_s must be >= 0, got {self.prefill_base_s}"
-            )
-        if self.host_link_bytes_per_s <= 0:
-            raise ValueError("LinearCostModel.host_link_bytes_per_s must be > 0")
+            check_coefficient("LinearCostModel", name, getattr(self, name))
+        if self.prefill_base_s is not None:
+            check_coefficient("LinearCostModel", "prefill_base_s", self.prefill_base_s)
+        check_coefficient("LinearCostModel", "host_link_bytes_per_s", self.host_link_bytes_per_s,
+                          "> 0")
+
+    def kernel_params(self) -> tuple[int, np.ndarray]:
+        """(kind, coefficients) the engine's kernel prices with (cbgym.engine.pricing)."""
+        from cbgym.engine.pricing import LINEAR
+
+        pb = np.nan if self.prefill_base_s is None else self.prefill_base_s
+        return LINEAR, np.array([self.base_s, self.prefill_per_token_s, self.decode_per_seq_s,
+                                 pb, self.host_link_bytes_per_s], dtype=np.float64)
 
     def iteration_time(self, stats: BatchStats) -> Number:
-        base: Number = self.base_s
-        if self.prefill_base_s is not None:
-            prefill_only = np.logical_and(stats.decode_seqs == 0, stats.prefill_tokens > 0)
-            base = np.where(prefill_only, self.prefill_base_s, self.base_s)
-            if np.ndim(base) == 0:
-                base = float(base)
-        return (
-            base
-            + self.prefill_per_token_s * stats.prefill_tokens
-            + self.decode_per_seq_s * stats.decode_seqs
-            + stats.swap_bytes / self.host_link_bytes_per_s
-        )
+        """Seconds for one iteration (an array when the stats hold arrays)."""
+        from cbgym.engine.pricing import iteration_time
+
+        return iteration_time(*self.kernel_params(), stats)

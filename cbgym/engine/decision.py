@@ -148,6 +148,9 @@ class PolicyContext:
     seed: int
     # true output lengths, filled only for policies with ``privileged = True`` (oracles)
     true_output_tokens: np.ndarray | None = None
+    # every request's prompt length and arrival time (content-blind; None where unknown)
+    prompt_tokens: np.ndarray | None = None
+    arrival_s: np.ndarray | None = None
 
 
 class Policy:
@@ -177,3 +180,10 @@ class Policy:
 
     def decide(self, dp: DecisionPoint) -> Decision:
         raise NotImplementedError
+
+    def static_keys(self) -> np.ndarray | None:
+        """One key per request id when this policy's decision is always "admit the waiting
+        requests by this key, lower first, ties in queue order; default victims" and the key
+        of a request never changes (after :meth:`reset`). The engine then ranks inside its
+        compiled loop instead of calling :meth:`decide`. None (the default): ask ``decide``."""
+        return None

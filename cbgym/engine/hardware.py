@@ -12,9 +12,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from numbers import Real
 
 GiB = 2**30  # bytes
 KiB = 2**10  # bytes
+
+
+def _finite_real(value: object) -> bool:
+    """A finite real number; bool and str are not (math.isfinite would take True or raise)."""
+    return isinstance(value, Real) and not isinstance(value, bool) and math.isfinite(value)
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,6 +38,8 @@ class ModelSpec:
         intermediate_size: Width of the gated MLP (each of gate, up and down projections).
         head_dim: Width of one attention head.
         dtype_bytes: Bytes per weight and per KV element (2 for bf16/fp16).
+        max_position_embeddings: Context length from the model's ``config.json``; vLLM's
+            default ``max_model_len``. ``None`` when unknown (no default cap).
     """
 
     name: str
@@ -44,12 +52,15 @@ class ModelSpec:
     intermediate_size: int
     head_dim: int = 128
     dtype_bytes: int = 2
+    max_position_embeddings: int | None = None
 
     def __post_init__(self) -> None:
         if not self.name:
             raise ValueError("ModelSpec.name must be a non-empty string")
-        if not (math.isfinite(self.num_params) and self.num_params > 0):
-            raise ValueError(f"ModelSpec.num_params must be > 0, got {self.num_params}")
+        if not (_finite_real(self.num_params) and self.num_params > 0):
+            raise ValueError(
+                f"ModelSpec.num_params must be a finite number > 0, got {self.num_params!r}"
+            )
         for field_name in (
             "num_layers",
             "hidden_size",
@@ -63,6 +74,11 @@ class ModelSpec:
             value = getattr(self, field_name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"ModelSpec.{field_name} must be a positive int, got {value!r}")
+        ctx = self.max_position_embeddings
+        if ctx is not None and (not isinstance(ctx, int) or isinstance(ctx, bool) or ctx < 2):
+            raise ValueError(
+                f"ModelSpec.max_position_embeddings must be None or an int >= 2, got {ctx!r}"
+            )
         if self.num_heads % self.num_kv_heads != 0:
             raise ValueError(
                 f"ModelSpec.num_kv_heads ({self.num_kv_heads}) must divide "
@@ -130,8 +146,10 @@ class GpuSpec:
             "host_link_bytes_per_s",
         ):
             value = getattr(self, field_name)
-            if not (math.isfinite(value) and value > 0):
-                raise ValueError(f"GpuSpec.{field_name} must be a finite number > 0, got {value}")
+            if not (_finite_real(value) and value > 0):
+                raise ValueError(
+                    f"GpuSpec.{field_name} must be a finite number > 0, got {value!r}"
+                )
 
 
 def _llama(
@@ -143,23 +161,30 @@ def _llama(
     kv_heads: int,
     vocab: int,
     inter: int,
+    context: int,
 ) -> ModelSpec:
-    return ModelSpec(name, params, layers, hidden, heads, kv_heads, vocab, inter)
+    return ModelSpec(
+        name, params, layers, hidden, heads, kv_heads, vocab, inter,
+        max_position_embeddings=context,
+    )
 
 
+# The last argument is max_position_embeddings from each model's Hugging Face config.json
+# (meta-llama/Llama-2-{7b,13b,70b}-hf: 4096; meta-llama/Meta-Llama-3-{8B,70B}: 8192;
+# mistralai/Mistral-7B-v0.1: 32768; its 4096-token sliding window bounds attention, not length).
 MODELS: dict[str, ModelSpec] = {
     m.name: m
     for m in (
         # KV per token: 2*32*32*128*2 = 512 KiB
-        _llama("llama-2-7b", 6.74e9, 32, 4096, 32, 32, 32000, 11008),
+        _llama("llama-2-7b", 6.74e9, 32, 4096, 32, 32, 32000, 11008, 4096),
         # KV per token: 2*40*40*128*2 = 800 KiB
-        _llama("llama-2-13b", 13.0e9, 40, 5120, 40, 40, 32000, 13824),
+        _llama("llama-2-13b", 13.0e9, 40, 5120, 40, 40, 32000, 13824, 4096),
         # KV per token: 2*32*8*128*2 = 128 KiB
-        _llama("llama-3-8b", 8.03e9, 32, 4096, 32, 8, 128256, 14336),
+        _llama("llama-3-8b", 8.03e9, 32, 4096, 32, 8, 128256, 14336, 8192),
         # KV per token: 2*80*8*128*2 = 320 KiB
-        _llama("llama-2-70b", 68.98e9, 80, 8192, 64, 8, 32000, 28672),
-        _llama("llama-3-70b", 70.55e9, 80, 8192, 64, 8, 128256, 28672),
-        _llama("mistral-7b", 7.24e9, 32, 4096, 32, 8, 32000, 14336),
+        _llama("llama-2-70b", 68.98e9, 80, 8192, 64, 8, 32000, 28672, 4096),
+        _llama("llama-3-70b", 70.55e9, 80, 8192, 64, 8, 128256, 28672, 8192),
+        _llama("mistral-7b", 7.24e9, 32, 4096, 32, 8, 32000, 14336, 32768),
     )
 }
 

@@ -1,4 +1,8 @@
-"""Per-request state as numpy columns indexed by request id (trace order)."""
+"""Per-request state as numpy columns indexed by request id (trace order).
+
+The columns are the kernel state's own arrays (:class:`cbgym.engine.layout.State`): reading
+them costs nothing and always shows the current state. Only the kernel writes them.
+"""
 
 from __future__ import annotations
 
@@ -6,64 +10,61 @@ from enum import IntEnum
 
 import numpy as np
 
-from cbgym.workload.trace import Trace
+from cbgym.engine import layout as L
 
 
 class Status(IntEnum):
-    PENDING = 0  # not yet arrived
-    WAITING = 1
-    RUNNING = 2
-    FINISHED = 3
-    SHED = 4
-
-
-_FINISHED = int(Status.FINISHED)  # FINISHED and SHED are the two largest codes
+    PENDING = L.PENDING  # not yet arrived
+    WAITING = L.WAITING
+    RUNNING = L.RUNNING
+    FINISHED = L.FINISHED
+    SHED = L.SHED
 
 
 class RequestTable:
-    """Columns of every request of one simulation. Mutated only by the engine."""
+    """Columns of every request of one run, over the kernel state (read them, never write).
 
-    def __init__(self, trace: Trace) -> None:
-        n = len(trace)
-        self.n = n
-        # static, from the trace
-        self.arrival_s = trace.arrival_s
-        self.prompt = trace.prompt_tokens
-        self.output = trace.output_tokens  # true output length: never shown to policies
-        self.tenant = trace.tenant
-        self.slo_class = trace.slo_class
-        # dynamic
-        self.computed = np.zeros(n, dtype=np.int64)  # tokens whose KV is computed
-        self.generated = np.zeros(n, dtype=np.int64)  # output tokens produced so far
-        self.tokens = self.prompt.copy()  # prompt + generated, kept in step with `generated`
-        self.host_tokens = np.zeros(n, dtype=np.int64)  # KV tokens swapped out to host
-        self.preemptions = np.zeros(n, dtype=np.int64)
-        self.status = np.zeros(n, dtype=np.int8)
-        self.first_scheduled_s = np.full(n, np.nan)
-        self.first_token_s = np.full(n, np.nan)
-        self.finish_s = np.full(n, np.nan)
-        self.reason: dict[int, str] = {}  # why a request ended, when not plain "finished"
-        self.finish_order = np.empty(n, dtype=np.int64)  # finished ids, in completion order
-        self.num_finished = 0
-        self.num_ended = 0  # finished + shed
+    ``reasons`` names the codes in ``reason_code`` (the kernel's, then the run's own shed
+    reasons); ``tenant`` and ``slo_class`` come from the trace.
+    """
+
+    def __init__(self, s: L.State, tenant: np.ndarray, slo_class: np.ndarray,
+                 reasons: list[str]) -> None:
+        self._s = s
+        req, times = s.req, s.times
+        self.n = times.shape[1]
+        self.arrival_s, self.prompt, self.output = times[L.ARRIVAL], req[L.PROMPT], req[L.OUTPUT]
+        self.tokens, self.computed, self.generated = req[L.TOKENS], req[L.COMPUTED], req[
+            L.GENERATED]
+        self.host_tokens, self.preemptions = req[L.HOST_TOKENS], req[L.PREEMPTIONS]
+        self.status, self.reason_code = req[L.STATUS], req[L.REASON]
+        self.first_scheduled_s = times[L.FIRST_SCHEDULED]
+        self.first_token_s, self.finish_s = times[L.FIRST_TOKEN], times[L.FINISH]
+        self.finish_order = s.ids[L.FINISH_ORDER]
+        self.tenant, self.slo_class = tenant, slo_class
+        self.reasons = reasons
+
+    @property
+    def num_finished(self) -> int:
+        return int(self._s.si[L.NUM_FINISHED])
+
+    @property
+    def num_ended(self) -> int:
+        """Finished + shed."""
+        return int(self._s.si[L.NUM_ENDED])
+
+    @property
+    def reason(self) -> dict[int, str]:
+        """Why requests ended, for those that did not plainly finish."""
+        ids = np.flatnonzero(self.reason_code).tolist()
+        return {rid: self.reasons[self.reason_code[rid]] for rid in ids}
 
     def num_tokens(self, rid: int) -> int:
         """Tokens the request has: prompt plus generated output."""
         return int(self.tokens[rid])
 
-    def end(self, rid: int, status: Status, t: float, reason: str | None) -> None:
-        """Record that a request left the system (exactly once)."""
-        assert self.status[rid] < _FINISHED, f"request {rid} ended twice"
-        self.status[rid] = status
-        self.finish_s[rid] = t
-        if reason is not None:
-            self.reason[rid] = reason
-        if status == _FINISHED:
-            self.finish_order[self.num_finished] = rid
-            self.num_finished += 1
-        self.num_ended += 1
-
-    def readonly(self, column: np.ndarray) -> np.ndarray:
+    @staticmethod
+    def readonly(column: np.ndarray) -> np.ndarray:
         view = column.view()
         view.flags.writeable = False
         return view

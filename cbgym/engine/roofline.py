@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from cbgym.engine.cost_model import BatchStats, Number
+from cbgym.engine.cost_model import BatchStats, Number, check_coefficient
 from cbgym.engine.hardware import GPUS, MODELS, GpuSpec, ModelSpec, check_tp, kv_shard_fraction
 
 # Elementwise traffic per token per layer, in units of dtype-sized vectors: ~20 of hidden width
@@ -135,15 +135,23 @@ class RooflineCostModel:
             object.__setattr__(self, name, float(value))
 
     def _validate(self) -> None:
+        # wrong objects here would only fail later, as an AttributeError deep in __post_init__
+        if not isinstance(self.model, ModelSpec):
+            raise ValueError(f"RooflineCostModel.model must be a ModelSpec, got {self.model!r}")
+        if not isinstance(self.gpu, GpuSpec):
+            raise ValueError(f"RooflineCostModel.gpu must be a GpuSpec, got {self.gpu!r}")
+        tp = self.tp
+        if not isinstance(tp, int | np.integer) or isinstance(tp, bool | np.bool_) or tp < 1:
+            raise ValueError(f"RooflineCostModel.tp must be an integer >= 1, got {tp!r}")
+        object.__setattr__(self, "tp", int(tp))  # numpy ints become ints for check_tp
         check_tp(self.model, self.tp)
         for name in ("eta_compute", "eta_memory", "eta_attention", "eta_link"):
             value = getattr(self, name)
-            if not 0.0 < value <= 1.0:
+            check_coefficient("RooflineCostModel", name, value, "> 0")
+            if not value <= 1.0:
                 raise ValueError(f"RooflineCostModel.{name} must be in (0, 1], got {value}")
         for name in ("elem_floor_s", "allreduce_latency_s", "cpu_overhead_s", "cpu_per_seq_s"):
-            value = getattr(self, name)
-            if not value >= 0.0:
-                raise ValueError(f"RooflineCostModel.{name} must be >= 0, got {value}")
+            check_coefficient("RooflineCostModel", name, getattr(self, name))
 
     def _elem_bytes_per_token(self) -> float:
         """Elementwise-kernel traffic per token per layer on one GPU, bytes."""
@@ -187,28 +195,21 @@ class RooflineCostModel:
         tp = _parse_tp(parts[2], name) if len(parts) == 3 else 1
         return cls(MODELS[model_name], GPUS[gpu_name], tp, **overrides)
 
-    def iteration_time(self, stats: BatchStats) -> Number:
-        """Seconds for one iteration (an array when any stats field is an array).
+    def kernel_params(self) -> tuple[int, np.ndarray]:
+        """(kind, coefficients) the engine's kernel prices with (cbgym.engine.pricing)."""
+        from cbgym.engine.pricing import ROOFLINE
 
-        Terms are added in one fixed order whether they are floats or arrays, so pricing a
-        stretch of iterations as arrays gives bit-for-bit the times of pricing them one by one.
-        """
-        tokens = stats.prefill_tokens + stats.decode_seqs
-        rows = stats.sampled_seqs
-        pairs = stats.attn_q_ctx + stats.attn_q_sq
-        # attention last: in a decode stretch it is the only term that varies, so everything
-        # before it stays a float and the array work is one maximum and one addition
-        return (
-            _max(self._lin_per_token * tokens, self._lin_weights)
-            + _max(self._lm_per_row * rows, self._lm_weights * _min(rows, 1))
-            + _max(self._elem_per_token * tokens, self._elem_floor)
-            + self._ar_fixed
-            + self._ar_per_token * tokens
-            + self.cpu_overhead_s
-            + self.cpu_per_seq_s * stats.num_seqs
-            + self._swap_per_byte * stats.swap_bytes
-            + _max(self._att_per_pair * pairs, self._att_per_kv_token * stats.kv_tokens)
-        )
+        return ROOFLINE, np.array([
+            self._lin_per_token, self._lin_weights, self._lm_per_row, self._lm_weights,
+            self._elem_per_token, self._elem_floor, self._ar_fixed, self._ar_per_token,
+            self.cpu_overhead_s, self.cpu_per_seq_s, self._swap_per_byte, self._att_per_pair,
+            self._att_per_kv_token], dtype=np.float64)
+
+    def iteration_time(self, stats: BatchStats) -> Number:
+        """Seconds for one iteration (an array when any stats field is an array)."""
+        from cbgym.engine.pricing import iteration_time
+
+        return iteration_time(*self.kernel_params(), stats)
 
     def breakdown(self, stats: BatchStats) -> dict[str, Number]:
         """Seconds per component: linear, lm_head, attention, elementwise, allreduce, cpu, swap.
@@ -231,18 +232,6 @@ class RooflineCostModel:
         }
 
 
-
-def _max(a: Number, b: Number) -> Number:
-    """max for floats, elementwise maximum as soon as either side is an array."""
-    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
-        return np.maximum(a, b)
-    return a if a >= b else b
-
-
-def _min(a: Number, b: Number) -> Number:
-    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
-        return np.minimum(a, b)
-    return a if a <= b else b
 
 
 def _parse_tp(part: str, name: str) -> int:

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from cbgym.engine.cost_model import BatchStats, Number
+from cbgym.engine.cost_model import BatchStats, Number, check_coefficient
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -79,27 +79,26 @@ class TableCostModel:
             "decode_seq_s",
             "kv_token_s",
             "attn_q_sq_s",
-            "rmse_s",
         ):
-            value = getattr(self, name)
-            if not math.isfinite(value):
-                raise ValueError(f"TableCostModel.{name} must be finite, got {value}")
-        if not self.host_link_bytes_per_s > 0:
-            raise ValueError(
-                "TableCostModel.host_link_bytes_per_s must be > 0, "
-                f"got {self.host_link_bytes_per_s}"
-            )
+            # finite but of either sign: from_csv(nonnegative=False) may fit a negative term
+            check_coefficient("TableCostModel", name, getattr(self, name), "")
+        check_coefficient("TableCostModel", "rmse_s", self.rmse_s)
+        check_coefficient("TableCostModel", "host_link_bytes_per_s", self.host_link_bytes_per_s,
+                          "> 0")
+
+    def kernel_params(self) -> tuple[int, np.ndarray]:
+        """(kind, coefficients) the engine's kernel prices with (cbgym.engine.pricing)."""
+        from cbgym.engine.pricing import TABLE
+
+        return TABLE, np.array([self.intercept_s, self.prefill_token_s, self.decode_seq_s,
+                                self.kv_token_s, self.attn_q_sq_s, self.host_link_bytes_per_s],
+                               dtype=np.float64)
 
     def iteration_time(self, stats: BatchStats) -> Number:
         """Seconds for one iteration (an array when the stats hold arrays)."""
-        return (
-            self.intercept_s
-            + self.prefill_token_s * stats.prefill_tokens
-            + self.decode_seq_s * stats.decode_seqs
-            + self.kv_token_s * stats.kv_tokens
-            + self.attn_q_sq_s * stats.attn_q_sq
-            + stats.swap_bytes / self.host_link_bytes_per_s
-        )
+        from cbgym.engine.pricing import iteration_time
+
+        return iteration_time(*self.kernel_params(), stats)
 
     @classmethod
     def from_csv(

@@ -1,4 +1,7 @@
-"""Observation encoding for the scheduling environment: content-blind, bounded, float32.
+"""The scheduling environment's observation: content-blind, bounded, float32.
+
+This module describes it (features, scalings, spaces) and decodes it; the one encoder is
+compiled, :func:`cbgym.env.kernel_ops.observe`.
 
 The observation is a flat ``spaces.Dict`` of 1-D float32 boxes (stable-baselines3 warns on 2-D
 per-slot boxes and nested dicts):
@@ -25,18 +28,16 @@ Never in the observation: prompt content, true output lengths.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
 from gymnasium import spaces
 
-from cbgym.agents.base import OUTPUT_STAT_EDGES, recent_output_stats
-from cbgym.engine.decision import DecisionPoint
+from cbgym.agents.base import OUTPUT_STAT_EDGES
 
 __all__ = [
     "COUNT_EXACT_BELOW", "GLOBAL_FEATURES", "NUM_OUTPUT_BUCKETS", "SLOT_FEATURES", "Feature",
-    "ObservationEncoder", "count_scale", "count_unscale", "global_index", "slot_index",
+    "count_scale", "count_unscale", "global_index", "slot_index",
     "time_scale", "time_unscale",
 ]
 
@@ -146,23 +147,8 @@ def slot_index(name: str) -> int:
 
 
 _G_RECENT = global_index("recent_output_mean_0")
-_G_KINDS = tuple(f.kind for f in GLOBAL_FEATURES[:_G_RECENT])
 _F = len(SLOT_FEATURES)
-# per-slot columns: static ones are scaled once per episode, dynamic ones every step
 _S_PROMPT, _S_COMPUTED, _S_GENERATED, _S_TIME, _S_PREEMPT, _S_TENANT, _S_SLO, _S_CHOSEN = range(_F)
-_DYNAMIC_COLS = np.array([_S_COMPUTED, _S_GENERATED, _S_PREEMPT, _S_TIME])
-# log2(1 + raw) times these gives the count scaling (3 columns) and the time scaling (raw in ms)
-_DYNAMIC_FACTORS = np.array([1 / _COUNT_SPAN] * 3 + [1 / _TIME_SPAN])[:, None]
-_LOG2 = math.log2
-
-
-def _scale_scalar(kind: str, x: float) -> float:
-    """Scalar twin of the vector scalings (Python floats are faster for a handful)."""
-    if kind == "count":
-        return min(_LOG2(1.0 + x) / _COUNT_SPAN, 1.0)
-    if kind == "time":
-        return min(_LOG2(1.0 + max(x, 0.0) * 1000.0) / _TIME_SPAN, 1.0)
-    return x
 
 
 def _box(features: tuple[Feature, ...], slots: int = 1) -> spaces.Box:
@@ -181,161 +167,12 @@ def observation_space(K: int, R: int) -> spaces.Dict:
     })
 
 
-@dataclass(frozen=True, slots=True)
-class Snapshot:
-    """Engine-wide scalars of one observation (from a DecisionPoint or a drained engine)."""
-
-    now: float
-    num_waiting: int
-    num_running: int
-    waiting_prompt_tokens: int
-    running_prompt_tokens: int
-    running_computed_tokens: int
-    free_blocks: int
-    num_blocks: int
-    total_preemptions: int
-    last_iteration_s: float
-    shortfall_blocks: int
-    budget_left: int
-    seq_slots_left: int
-    num_hidden: int
-
-
 def slot_template(prompt: np.ndarray, tenant: np.ndarray, slo_class: np.ndarray) -> np.ndarray:
     """Per-request slot rows with the static features scaled (the dynamic ones left 0)."""
     template = np.zeros((len(prompt), _F))
     template[:, [_S_PROMPT, _S_TENANT, _S_SLO]] = count_scale(
         np.column_stack((prompt, tenant, slo_class)))
     return template
-
-
-class ObservationEncoder:
-    """Turns engine state into observations, with per-episode precomputation.
-
-    Static per-request features (prompt, tenant, SLO class) are scaled once per episode;
-    each step gathers the dynamic columns of the visible slots in a handful of vectorised
-    operations and returns freshly allocated arrays (Gymnasium 1.4 rejects reuse).
-    """
-
-    def __init__(self, K: int, R: int, token_budget: int, max_num_seqs: int) -> None:
-        self.K, self.R = K, R
-        self.token_budget = token_budget
-        self.max_num_seqs = max_num_seqs
-        self.space = observation_space(K, R)
-        self.start_episode(np.zeros(0), np.zeros(0), np.zeros(0), np.zeros(0))
-
-    def start_episode(self, arrival_s: np.ndarray, prompt: np.ndarray, tenant: np.ndarray,
-                      slo_class: np.ndarray) -> None:
-        """Precompute the scaled static features of every request of the episode."""
-        self._arrival = arrival_s
-        self._template = slot_template(prompt, tenant, slo_class)
-        self._recent = [0.0] * (2 * NUM_OUTPUT_BUCKETS + 2)
-        self._recent_finished = -1
-        self._masks: dict[tuple[int, int], np.ndarray] = {}
-
-    def snapshot(self, dp: DecisionPoint, num_hidden: int) -> Snapshot:
-        """Engine-wide scalars at a decision point."""
-        running = dp.running
-        add = np.add.reduce
-        r_prompt = int(add(dp.prompt_tokens[running]))
-        r_computed = int(add(dp.num_computed[running]))
-        remaining = r_prompt + int(add(dp.num_generated[running])) - r_computed
-        return Snapshot(
-            now=dp.now, num_waiting=len(dp.waiting), num_running=len(running),
-            waiting_prompt_tokens=int(add(dp.prompt_tokens[dp.waiting])),
-            running_prompt_tokens=r_prompt, running_computed_tokens=r_computed,
-            free_blocks=dp.free_blocks, num_blocks=dp.num_blocks,
-            total_preemptions=dp.total_preemptions, last_iteration_s=dp.last_iteration_s,
-            shortfall_blocks=dp.shortfall_blocks,
-            budget_left=max(self.token_budget - remaining, 0),
-            seq_slots_left=max(self.max_num_seqs - len(running), 0), num_hidden=num_hidden,
-        )
-
-    def update_recent(self, finished: np.ndarray, prompt: np.ndarray,
-                      generated: np.ndarray) -> None:
-        """Refresh the output-length statistics (only when a request finished since)."""
-        if finished.size == self._recent_finished:
-            return
-        self._recent_finished = finished.size
-        by_bucket, mean = recent_output_stats(finished, prompt, generated)
-        seen = ~np.isnan(by_bucket)
-        values = np.where(seen, by_bucket, 0.0).astype(np.float64) * _MEAN_TOKENS_SCALE
-        has_mean = not math.isnan(mean)
-        recent = [*np.minimum(values, _MEAN_TOKENS_HIGH).tolist(), *seen.astype(float).tolist(),
-                  min(mean * _MEAN_TOKENS_SCALE, _MEAN_TOKENS_HIGH) if has_mean else 0.0,
-                  float(has_mean)]
-        self._recent = recent
-
-    def encode_global(self, s: Snapshot, num_chosen: int) -> np.ndarray:
-        """The ``global`` vector (float32, fresh)."""
-        arrival = self._arrival
-        a = int(arrival.searchsorted(s.now, side="right"))
-        m = min(RATE_WINDOW, a)
-        rate = m / max(s.now - float(arrival[a - m]), 1e-3) if m else 0.0
-        raw = (
-            s.num_waiting, s.num_running, s.waiting_prompt_tokens, s.running_prompt_tokens,
-            s.running_computed_tokens, 1.0 - s.free_blocks / s.num_blocks, s.free_blocks,
-            s.total_preemptions, rate, s.now, s.last_iteration_s, s.shortfall_blocks,
-            self.token_budget, s.budget_left, s.seq_slots_left, s.num_hidden,
-            float(s.shortfall_blocks > 0), num_chosen,
-        )
-        scaled = [_scale_scalar(k, float(x)) for k, x in zip(_G_KINDS, raw, strict=True)]
-        return np.array(scaled + self._recent, dtype=np.float32)
-
-    def encode_slots(
-        self, dp: DecisionPoint, w_ids: np.ndarray, r_ids: np.ndarray,
-        chosen_w: list[int] | None = None, chosen_r: list[int] | None = None,
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """``waiting``, ``waiting_mask``, ``running``, ``running_mask`` (float32, fresh)."""
-        K, R = self.K, self.R
-        nw, nr = len(w_ids), len(r_ids)
-        ids = np.concatenate((w_ids, r_ids))
-        # one log2 over every dynamic value: counts as is, time in milliseconds
-        raw = np.array((dp.num_computed[ids], dp.num_generated[ids], dp.num_preemptions[ids],
-                        (dp.now - self._arrival[ids]) * 1000.0))
-        dyn = np.log2(raw + 1.0)
-        dyn *= _DYNAMIC_FACTORS
-        np.minimum(dyn, 1.0, out=dyn)
-        block = self._template[ids]
-        block[:, _DYNAMIC_COLS] = dyn.T
-        slots = np.zeros((K + R, _F), dtype=np.float32)
-        slots[:nw] = block[:nw]
-        slots[K:K + nr] = block[nw:]
-        if chosen_w:
-            slots[chosen_w, _S_CHOSEN] = 1.0
-        if chosen_r:
-            slots[np.asarray(chosen_r) + K, _S_CHOSEN] = 1.0
-        mask = self._mask(nw, nr).copy()
-        return slots[:K].reshape(-1), mask[:K], slots[K:].reshape(-1), mask[K:]
-
-    def _mask(self, nw: int, nr: int) -> np.ndarray:
-        mask = self._masks.get((nw, nr))
-        if mask is None:
-            mask = np.zeros(self.K + self.R, dtype=np.float32)
-            mask[:nw] = 1.0
-            mask[self.K:self.K + nr] = 1.0
-            self._masks[(nw, nr)] = mask
-        return mask
-
-    def encode(self, dp: DecisionPoint, w_ids: np.ndarray, r_ids: np.ndarray,
-               chosen_w: list[int] | None = None, chosen_r: list[int] | None = None,
-               ) -> dict[str, np.ndarray]:
-        """The full observation at a decision point."""
-        self.update_recent(dp.finished, dp.prompt_tokens, dp.num_generated)
-        snap = self.snapshot(dp, len(dp.waiting) - len(w_ids))
-        num_chosen = len(chosen_w or ()) + len(chosen_r or ())
-        waiting, w_mask, running, r_mask = self.encode_slots(dp, w_ids, r_ids, chosen_w, chosen_r)
-        return {"global": self.encode_global(snap, num_chosen), "waiting": waiting,
-                "waiting_mask": w_mask, "running": running, "running_mask": r_mask}
-
-    def encode_empty(self, s: Snapshot) -> dict[str, np.ndarray]:
-        """The observation of a drained engine: empty windows, final global state."""
-        K, R = self.K, self.R
-        return {
-            "global": self.encode_global(s, 0),
-            "waiting": np.zeros(K * _F, np.float32), "waiting_mask": np.zeros(K, np.float32),
-            "running": np.zeros(R * _F, np.float32), "running_mask": np.zeros(R, np.float32),
-        }
 
 
 def decode_slots(flat: np.ndarray, mask: np.ndarray) -> dict[str, np.ndarray]:

@@ -25,7 +25,7 @@ from cbgym.env.action import (
     check_discrete,
     check_scores,
 )
-from cbgym.env.backends import CompiledBackend, resolve_backend
+from cbgym.env.episode import Episode
 from cbgym.env.observation import observation_space
 from cbgym.env.reward import COMPONENTS, RewardWeights, StepOutcome
 from cbgym.metrics import SLO, SimulationResult, SLOSpec, slo_arrays
@@ -162,6 +162,10 @@ class SchedulingEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
     1. Termination: every request of the window has finished or been shed.
     2. Truncation: after ``max_steps`` steps (if set). ``gym.make(..., max_episode_steps=N)``
        adds Gymnasium's ``TimeLimit`` instead; neither id registers a default limit.
+    3. Truncation: the agent held every waiting request back, with nothing running, for
+       100,000 idle ticks in a row (``cbgym.engine.layout.MAX_IDLE_TICKS`` ticks of 10 ms of
+       simulated time, each a step): the episode could never drain.
+       ``info["truncated_reason"]`` is ``"idle_hold_limit"``; ``reset()`` starts afresh.
 
     ## Info
 
@@ -193,14 +197,10 @@ class SchedulingEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
     | capacity_rps       | None (measured)  | service rate mu used for load scaling         |
     | invalid_action     | "raise"          | masked variant: "raise" or "noop" on a masked |
     | render_mode        | None             | or "ansi"                                     |
-    | backend            | "auto"           | "compiled" (numba kernel), "python" (the      |
-    |                    |                  | reference); "auto": compiled for the linear   |
-    |                    |                  | and roofline cost models, else python         |
 
-    Both backends give the same episodes (same rewards, info and decisions; observations equal
-    up to one float32 ulp of a slot's log-scaled features): ``tests/test_kernel.py`` checks it
-    on random traces and actions. The compiled one is about 7x faster; its first use on a
-    machine compiles the kernels (about 40 s on 2 cores), cached on disk afterwards.
+    A step is one call of the compiled kernel (:mod:`cbgym.env.kernel_ops`: the decision, the
+    engine iterations up to the next decision point, the reward and the observation). The
+    first use on a machine compiles it (a line on stderr says so; cached on disk afterwards).
 
     The service rate mu is measured once per base trace (``measure_capacity``: its first 4,000
     requests released at t=0, served FCFS; lru-cached per process) and reused for every
@@ -251,7 +251,6 @@ class SchedulingEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
         masked: bool = False,
         invalid_action: Literal["raise", "noop"] = "raise",
         render_mode: str | None = None,
-        backend: Literal["auto", "compiled", "python"] = "auto",
     ) -> None:
         if invalid_action not in ("raise", "noop"):
             raise ValueError(f"invalid_action={invalid_action!r}: expected 'raise' or 'noop'")
@@ -281,7 +280,7 @@ class SchedulingEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
             spaces.Discrete(K + R + 1) if masked
             else spaces.Box(-1.0, 1.0, (self.layout.size,), np.float32))
         self.observation_space = observation_space(K, R)
-        self._sim = resolve_backend(self, backend)
+        self._sim: Episode | None = None
         self._started = False
         self._episode: Trace | None = None
         self._micro: MicroStepState | None = None
@@ -316,7 +315,7 @@ class SchedulingEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
         window = self._window(base, options.get("start"))
         load = options["load"] if "load" in options else self._draw_load()
         if load is not None:
-            from cbgym.workload.scaling import scale_to_load
+            from cbgym.capacity import scale_to_load
 
             window = scale_to_load(window, float(load), self.config,
                                    capacity_rps=self._capacity_of(base))
@@ -330,7 +329,7 @@ class SchedulingEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
         consult = "every_iteration" if self.skip_trivial else "always"
         ttft, tpot = slo_arrays(self.slo, window.slo_class)
         self.ttft_target = ttft
-        self._sim.start(window, consult, ttft, tpot)
+        self._sim = Episode(self, window, consult, ttft, tpot)
         self._started = True
         self._steps = 0
         self._last_iteration = 0
@@ -371,7 +370,7 @@ class SchedulingEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
             return self.capacity_rps
         if self._capacity is not None and self._capacity[0] is base:
             return self._capacity[1]
-        from cbgym.workload.scaling import measure_capacity
+        from cbgym.capacity import measure_capacity
 
         mu = measure_capacity(base, self.config)
         self._capacity = (base, mu)
@@ -385,7 +384,9 @@ class SchedulingEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
         if not self._started or self._done:
             raise ResetNeeded("call reset() before step() (and after an episode ended)")
         invalid = False
-        if self._sim.drained:
+        sim = self._sim
+        assert sim is not None
+        if sim.drained:
             # every request ended before the first decision (none could ever fit): the
             # action (still checked) has nothing to act on and the episode ends here
             if self.masked:
@@ -401,14 +402,17 @@ class SchedulingEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
                     raise
                 outcome, invalid = None, True
         else:
-            outcome = self._sim.run_scores(action)
+            outcome = sim.run_scores(action)
             self._new_point()
         self._steps += 1
-        terminated = self._sim.drained
-        truncated = not terminated and self.max_steps is not None and self._steps >= self.max_steps
+        terminated = sim.drained
+        truncated = not terminated and (sim.stuck or (
+            self.max_steps is not None and self._steps >= self.max_steps))
         self._done = terminated or truncated
         reward = outcome.reward if outcome is not None else 0.0
         obs, info = self._observe(outcome)
+        if sim.stuck:
+            info["truncated_reason"] = "idle_hold_limit"
         if self.masked:
             info["invalid_action"] = invalid
         return obs, reward, terminated, truncated, info
@@ -422,14 +426,19 @@ class SchedulingEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
             ms.choose(i, K)
         if i != self.STOP and not ms.ready():
             return None
-        outcome = self._sim.run(ms.decision(self._sim.w_ids, self._sim.r_ids))
+        sim = self._sim
+        assert sim is not None
+        if ms.shortfall > 0:  # order=None: should the engine not preempt, it admits as vLLM
+            outcome = sim.run(None, np.ascontiguousarray(sim.r_ids[ms.chosen_r]))
+        else:
+            outcome = sim.run(np.ascontiguousarray(sim.w_ids[ms.chosen_w]), None)
         self._new_point()
         return outcome
 
     def _new_point(self) -> None:
         """A new decision point: fresh micro-step choices (masked variant)."""
         sim = self._sim
-        if not self.masked or sim.drained:
+        if not self.masked or sim is None or sim.done:
             self._micro = None
             return
         frees = sim.victim_frees() if sim.shortfall > 0 else np.empty(0, np.int64)
@@ -438,18 +447,19 @@ class SchedulingEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
     # ------------------------------------------------------------------ views
     def _observe(self, outcome: StepOutcome | None
                  ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-        ms = self._micro
-        obs, waited = self._sim.observe(ms.chosen_w if ms else None, ms.chosen_r if ms else None)
+        ms, sim = self._micro, self._sim
+        assert sim is not None
+        obs, waited = sim.observe(ms.chosen_w if ms else None, ms.chosen_r if ms else None)
         iterations = 0
         if outcome is not None:
-            iteration = self._sim.iteration
+            iteration = sim.engine.iteration
             iterations, self._last_iteration = iteration - self._last_iteration, iteration
         info: dict[str, Any] = {
             "reward_components": (dict(outcome.components) if outcome is not None
                                   else dict.fromkeys(COMPONENTS, 0.0)),
             "engine_iterations": int(iterations),
             "sim_time_elapsed": outcome.sim_time_elapsed if outcome is not None else 0.0,
-            "sim_time_s": self._sim.now,
+            "sim_time_s": sim.engine.now,
             "num_finished": outcome.num_finished if outcome is not None else 0,
             "num_good": outcome.num_good if outcome is not None else 0,
             "num_shed": outcome.num_shed if outcome is not None else 0,
@@ -486,27 +496,25 @@ class SchedulingEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
         """The current episode's engine (for inspection; stepping it directly breaks the env)."""
         if not self._started:
             raise ResetNeeded("no episode yet: call reset()")
-        return self._sim.engine  # type: ignore[return-value]
+        assert self._sim is not None
+        return self._sim.engine
 
     @property
     def decision_point(self) -> DecisionPoint | None:
         """The pending decision point (None once the episode drained)."""
-        return self._sim.decision_point if self._started else None
-
-    @property
-    def backend(self) -> str:
-        """``"compiled"`` or ``"python"``: which implementation steps this env."""
-        return "compiled" if isinstance(self._sim, CompiledBackend) else "python"
+        if self._sim is None or self._sim.done:
+            return None
+        return self._sim.engine.next_decision()
 
     @property
     def visible_waiting_ids(self) -> np.ndarray:
         """Request ids of the visible waiting slots, in slot order."""
-        return self._sim.w_ids.copy()
+        return self._sim.w_ids.copy() if self._sim is not None else np.empty(0, np.int64)
 
     @property
     def visible_running_ids(self) -> np.ndarray:
         """Request ids of the visible running slots, in slot order."""
-        return self._sim.r_ids.copy()
+        return self._sim.r_ids.copy() if self._sim is not None else np.empty(0, np.int64)
 
     def privileged_true_output_tokens(self) -> np.ndarray:
         """PRIVILEGED (oracles only): true output lengths of the visible waiting slots.
@@ -514,7 +522,7 @@ class SchedulingEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
         Shape (K,), float64, NaN for empty slots. Never part of the observation or info.
         """
         out = np.full(self.K, np.nan)
-        if self._episode is not None:
+        if self._episode is not None and self._sim is not None:
             w_ids = self._sim.w_ids
             out[: len(w_ids)] = self._episode.output_tokens[w_ids]
         return out

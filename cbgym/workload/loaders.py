@@ -11,7 +11,8 @@ import gzip
 import json
 import re
 import warnings
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from itertools import islice
 from pathlib import Path
 from typing import IO, Any
@@ -42,7 +43,11 @@ BURSTGPT_COLUMNS = (
 _BURSTGPT_REQUIRED = ("Timestamp", "Request tokens", "Response tokens")
 _TIMESTAMP_EXPECTED = (
     "a timestamp like '2023-11-16 18:15:46.6805900' or '2024-05-10 00:00:00.009930+00:00'"
+    " between 1677-09-21 and 2262-04-11 UTC"
 )
+# Counts are parsed as float64, which holds every integer only up to 2**53: a larger count (and
+# anything past int64) could not be read exactly, and its int64 cast would wrap.
+_MAX_COUNT = 2**53
 
 
 class TraceFormatError(ValueError):
@@ -86,13 +91,39 @@ def _open_text(path: Path) -> IO[str]:
     return path.open("r", encoding="utf-8-sig", newline="")
 
 
+@contextmanager
+def _utf8(path: Path) -> Iterator[None]:
+    """Turn a UnicodeDecodeError (which names no file) into a TraceFormatError at its line."""
+    try:
+        yield
+    except UnicodeDecodeError as exc:
+        raise _not_utf8(path) from exc
+
+
+def _not_utf8(path: Path) -> TraceFormatError:
+    """The first line that is not UTF-8, found by decoding the raw bytes line by line."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rb") as handle:
+        for number, raw in enumerate(handle, start=1):
+            try:
+                raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                shown = raw.decode("utf-8", errors="replace").rstrip("\r\n")
+                return TraceFormatError(
+                    path, number, "line", shown, "UTF-8 text",
+                    f"not UTF-8 text: byte 0x{raw[exc.start]:02x} at byte {exc.start + 1} of "
+                    "the line; re-save the file as UTF-8",
+                )
+    return TraceFormatError(path, 0, "file", "", "UTF-8 text", "not UTF-8 text")
+
+
 def _base_suffix(path: Path) -> str:
     return Path(path.stem).suffix.lower() if path.suffix == ".gz" else path.suffix.lower()
 
 
 def _first_line(path: Path, skip_blank: bool = True) -> str | None:
     """The first (non-blank, unless ``skip_blank`` is False) line; None for an empty file."""
-    with _open_text(path) as handle:
+    with _utf8(path), _open_text(path) as handle:
         for line in handle:
             if line.strip() or not skip_blank:
                 return line.rstrip("\r\n")
@@ -101,7 +132,7 @@ def _first_line(path: Path, skip_blank: bool = True) -> str | None:
 
 def _line_text(path: Path, line: int) -> str:
     """The text of one line, for error messages only (reads up to that line)."""
-    with _open_text(path) as handle:
+    with _utf8(path), _open_text(path) as handle:
         found = next(islice(handle, line - 1, line), "")
     return found.rstrip("\r\n")
 
@@ -124,10 +155,12 @@ def _read_csv(path: Path, columns: Sequence[str], text_columns: Iterable[str]) -
     try:
         # skip_blank_lines=False keeps row i on line i + 2, so a blank line is reported
         # where it is instead of silently shifting every later line number.
-        frame = pd.read_csv(
-            path, dtype={c: "str" for c in text_columns if c in header}, keep_default_na=False,
-            na_values=[""], skip_blank_lines=False, skipinitialspace=True,
-        )
+        with _utf8(path):
+            frame = pd.read_csv(
+                path, dtype={c: "str" for c in text_columns if c in header},
+                keep_default_na=False, na_values=[""], skip_blank_lines=False,
+                skipinitialspace=True,
+            )
     except pd.errors.ParserError as exc:
         match = re.search(r"line (\d+), saw (\d+)", str(exc))
         if not match:
@@ -151,7 +184,9 @@ def _raw(series: pd.Series, i: int) -> str:
     value = series.iloc[i]
     if value is None or (isinstance(value, float) and np.isnan(value)):
         return ""
-    if isinstance(value, float) and value.is_integer():
+    # whole floats read back as ints ("12.0" -> "12"), but not past 2**53, where int(1e30)
+    # would show digits the file never had
+    if isinstance(value, float) and value.is_integer() and abs(value) <= _MAX_COUNT:
         return str(int(value))
     return str(value)
 
@@ -192,6 +227,9 @@ def _check_int(
     with np.errstate(invalid="ignore"):
         bad = ~np.isnan(values) & ((values != np.floor(values)) | (values < minimum))
     problems.check(bad, series, field, f"an integer >= {minimum}")
+    # inf passes the whole-number test above (inf == floor(inf)); this catches it too
+    problems.check(values > _MAX_COUNT, series, field,
+                   f"an integer >= {minimum} and at most 2**53 = {_MAX_COUNT}")
     return values
 
 
@@ -205,6 +243,14 @@ def _check_sorted(path: Path, keys: np.ndarray, series: pd.Series, field: str,
             f"a time >= {_raw(series, i - 1)!r} on line {line_of(i - 1)} "
             "(rows must be sorted by arrival time)",
         )
+
+
+def _check_span(problems: _Problems, stamps: np.ndarray, series: pd.Series, field: str) -> None:
+    """Finite times can be too far apart for float64 (-1e308, 1e308): rebasing gives inf."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        span = stamps - stamps[0]
+    problems.check(np.isfinite(stamps) & ~np.isfinite(span), series, field,
+                   "a time whose distance from the first row's is finite in float64")
 
 
 def _csv_line(i: int) -> int:
@@ -225,9 +271,12 @@ def _parse_timestamps(column: pd.Series) -> tuple[np.ndarray, np.ndarray]:
     with "+00:00") per row in C. NOTE: numpy's own string-to-datetime64 cast would be faster
     but numpy 2.4 segfaults when it meets a bad or zone-aware value in a large array.
     """
-    stamps = pd.to_datetime(column, format="ISO8601", utc=True, errors="coerce")
-    ok = stamps.notna().to_numpy()
-    nanos = pd.DatetimeIndex(stamps).as_unit("ns").asi8.copy()
+    stamps = pd.DatetimeIndex(pd.to_datetime(column, format="ISO8601", utc=True, errors="coerce"))
+    # pandas 3 may infer seconds or microseconds, which reach years that int64 nanoseconds
+    # cannot hold; as_unit("ns") would then raise for the whole column, naming no row
+    lo, hi = (pd.Timestamp(t).tz_localize("UTC") for t in (pd.Timestamp.min, pd.Timestamp.max))
+    ok = np.asarray(stamps.notna() & (stamps >= lo) & (stamps <= hi))
+    nanos = stamps.where(ok).as_unit("ns").asi8.copy()
     nanos[~ok] = 0
     return nanos, ok
 
@@ -280,7 +329,9 @@ def load_azure(path: str | Path, *, drop_zero_output: bool = False) -> Trace:
         )
     if not keep.any():
         raise TraceFormatError(path, 2, "GeneratedTokens", "0", "at least one row with output >= 1")
-    seconds = (nanos[keep] - nanos[keep][0]) / 1e9
+    # sorted, so each span is in [0, 2**64): a span over 292 years wraps in int64 but is exact
+    # read back as uint64
+    seconds = (nanos[keep] - nanos[keep][0]).view(np.uint64) / 1e9
     return Trace.from_arrays(
         seconds, prompt[keep].astype(np.int64), output[keep].astype(np.int64),
         name=_suffix_name(path, dropped, "zero-output rows"),
@@ -317,6 +368,7 @@ def load_burstgpt(path: str | Path, *, model: str | Iterable[str] | None = None)
     problems = _Problems(path, _csv_line)
     stamp = _numbers(frame["Timestamp"])
     problems.check(~np.isfinite(stamp), frame["Timestamp"], "Timestamp", "seconds as a number")
+    _check_span(problems, stamp, frame["Timestamp"], "Timestamp")
     prompt = _check_int(problems, frame["Request tokens"], "Request tokens", 0)
     output = _check_int(problems, frame["Response tokens"], "Response tokens", 0)
     problems.raise_first()
@@ -353,7 +405,7 @@ def load_burstgpt(path: str | Path, *, model: str | Iterable[str] | None = None)
 
 def _jsonl_records(path: Path) -> tuple[list[Any], np.ndarray]:
     """Parse a JSONL file; returns the records and the 1-based line number of each."""
-    with _open_text(path) as handle:
+    with _utf8(path), _open_text(path) as handle:
         lines = handle.read().splitlines()
     line_no = np.array([i + 1 for i, text in enumerate(lines) if text.strip()], dtype=np.int64)
     if not line_no.size:
@@ -408,6 +460,7 @@ def load_mooncake(path: str | Path) -> Trace:
                                    f"a {field!r} key on every line")
     stamp = _numbers(frame["timestamp"])
     problems.check(~np.isfinite(stamp), frame["timestamp"], "timestamp", "milliseconds as a number")
+    _check_span(problems, stamp, frame["timestamp"], "timestamp")
     prompt = _check_int(problems, frame["input_length"], "input_length", 1)
     output = _check_int(problems, frame["output_length"], "output_length", 1)
     extra = {}

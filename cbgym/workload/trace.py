@@ -14,8 +14,18 @@ def _frozen(values: Any, dtype: type, name: str) -> np.ndarray:
     return arr
 
 
+# Integer columns: dtype and smallest allowed value (None: anything the dtype holds; ids may be
+# any value, but they must never wrap, e.g. tenant 2**40 silently becoming 0 in int32).
+_INT_COLUMNS: dict[str, tuple[type[np.signedinteger[Any]], int | None]] = {
+    "prompt_tokens": (np.int64, 1),
+    "output_tokens": (np.int64, 1),
+    "tenant": (np.int32, None),
+    "slo_class": (np.int16, None),
+}
+
+
 def _check_columns(arrival: np.ndarray, cols: dict[str, np.ndarray]) -> None:
-    """Every column as long as arrival_s; finite sorted arrivals; token counts integers >= 1."""
+    """Every column as long as arrival_s; finite sorted arrivals."""
     n = arrival.size
     for col, values in cols.items():
         if values.size != n:
@@ -24,21 +34,64 @@ def _check_columns(arrival: np.ndarray, cols: dict[str, np.ndarray]) -> None:
     if bad.size:
         raise ValueError(
             f"Trace.from_arrays: arrival_s[{bad[0]}] is {arrival[bad[0]]}; expected finite")
-    back = np.flatnonzero(np.diff(arrival) < 0)
+    with np.errstate(over="ignore"):  # a difference past float64 range is +inf, not "< 0"
+        back = np.flatnonzero(np.diff(arrival) < 0)
     if back.size:
         i = back[0] + 1
         raise ValueError(
             f"Trace.from_arrays: arrival_s[{i}]={arrival[i]} is before arrival_s[{i - 1}]="
             f"{arrival[i - 1]}; expected non-decreasing arrival times")
-    for col in ("prompt_tokens", "output_tokens"):
-        values = cols[col]
+
+
+def _show(value: Any) -> str:
+    return repr(value.item() if isinstance(value, np.generic) else value)
+
+
+def _int_column(values: np.ndarray, col: str) -> np.ndarray:
+    """``values`` as the column's integer dtype, or a ValueError naming the first bad entry.
+
+    Checked before converting: a cast would turn 1e30 or 2**63 into -2**63 and wrap 2**40 into
+    an int32 0, so a range check on the converted column could not see them.
+    """
+    dtype, minimum = _INT_COLUMNS[col]
+    info = np.iinfo(dtype)
+    lo = info.min if minimum is None else minimum
+    hi = int(info.max)
+    if minimum is None:
+        expected = f"an integer from {lo} to {hi} ({info.dtype})"
+    else:
+        expected = f"an integer >= {minimum} (at most {hi}, {info.dtype})"
+    kind = values.dtype.kind
+    if kind in "iu":  # exact comparisons (numpy compares with out-of-range Python ints exactly)
+        bad = np.flatnonzero((values < lo) | (values > hi))
+    elif kind == "f":
         as_float = values.astype(np.float64)
-        bad = np.flatnonzero(
-            ~np.isfinite(as_float) | (as_float < 1) | (as_float != np.round(as_float)))
-        if bad.size:
-            raise ValueError(
-                f"Trace.from_arrays: {col}[{bad[0]}] is {values[bad[0]]}; "
-                "expected an integer >= 1")
+        with np.errstate(invalid="ignore"):
+            # hi + 1 is a power of two, so exact as a float; a float equal to hi rounds up to it
+            bad = np.flatnonzero(
+                ~np.isfinite(as_float) | (as_float != np.floor(as_float))
+                | (as_float < lo) | (as_float >= float(hi + 1)))
+    elif kind == "O":  # e.g. Python ints too large for int64 mixed with others
+        bad = np.flatnonzero([not _int_in_range(v, lo, hi) for v in values])
+        if not bad.size:
+            values = np.array([int(v) for v in values], dtype=np.int64)
+    else:  # bool, str, complex, datetime: not integer counts or ids, even if castable
+        bad = np.arange(min(values.size, 1))
+    if bad.size:
+        i = int(bad[0])
+        shown = _show(values[i])
+        raise ValueError(f"Trace.from_arrays: {col}[{i}] is {shown}; expected {expected}")
+    return values.astype(dtype)
+
+
+def _int_in_range(value: Any, lo: int, hi: int) -> bool:
+    if isinstance(value, bool | np.bool_):
+        return False
+    if isinstance(value, int | np.integer):
+        return lo <= int(value) <= hi
+    if isinstance(value, float | np.floating):
+        return bool(np.isfinite(value)) and value == np.floor(value) and lo <= value < hi + 1
+    return False
 
 
 def _frozen_extra(key: str, values: Any, n: int) -> np.ndarray:
@@ -90,17 +143,26 @@ class Trace:
         """Build a trace from array-likes, validating every entry.
 
         Arrival times must be finite and non-decreasing; they are shifted so the first arrival
-        is at 0 unless ``rebase=False``. Token counts must be integers >= 1.
+        is at 0 unless ``rebase=False``. Token counts must be integers >= 1 that fit in int64,
+        tenant and SLO class integers that fit in int32 and int16 (never wrapped).
         """
         arrival = np.asarray(arrival_s, dtype=np.float64).reshape(-1)
         n = arrival.size
         cols = {"prompt_tokens": prompt_tokens, "output_tokens": output_tokens,
-                "tenant": np.zeros(n) if tenant is None else tenant,
-                "slo_class": np.zeros(n) if slo_class is None else slo_class}
+                "tenant": np.zeros(n, np.int32) if tenant is None else tenant,
+                "slo_class": np.zeros(n, np.int16) if slo_class is None else slo_class}
         cols = {k: np.asarray(v).reshape(-1) for k, v in cols.items()}
         _check_columns(arrival, cols)
+        cols = {k: _int_column(v, k) for k, v in cols.items()}
         if rebase and n:
-            arrival = arrival - arrival[0]
+            first, last = arrival[0], arrival[-1]
+            with np.errstate(over="ignore"):  # reported just below
+                arrival = arrival - first
+            # finite times can be more than float64's range apart (-1e308 and 1e308)
+            if not np.isfinite(arrival[-1]):
+                raise ValueError(
+                    f"Trace.from_arrays: arrival_s[{n - 1}]={last} is too far after "
+                    f"arrival_s[0]={first}; expected a span that is finite in float64")
         return cls(
             arrival_s=_frozen(arrival, np.float64, "arrival_s"),
             prompt_tokens=_frozen(cols["prompt_tokens"], np.int64, "prompt_tokens"),

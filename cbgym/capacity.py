@@ -1,4 +1,8 @@
-"""Offered-load scaling as in the CB-SJF-Work study: measure capacity, rescale arrivals."""
+"""Offered load as in the CB-SJF-Work study: measure capacity, rescale arrivals.
+
+This runs the engine (capacity is a makespan under FCFS), so it lives above both
+:mod:`cbgym.workload` and :mod:`cbgym.engine`, next to :mod:`cbgym.simulate`.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +11,7 @@ from functools import lru_cache
 import numpy as np
 
 from cbgym.engine.config import EngineConfig
+from cbgym.simulate import simulate
 from cbgym.workload.trace import Trace
 
 # The study measures capacity on 4,000 requests released at t=0.
@@ -27,8 +32,6 @@ def measure_capacity(trace: Trace, engine: EngineConfig, sample: int = CAPACITY_
 
 @lru_cache(maxsize=256)
 def _capacity(prompt: bytes, output: bytes, engine: EngineConfig) -> float:
-    from cbgym.simulate import simulate
-
     p = np.frombuffer(prompt, dtype=np.int64)
     o = np.frombuffer(output, dtype=np.int64)
     burst = Trace.from_arrays(np.zeros(len(p)), p, o, name="capacity-burst")

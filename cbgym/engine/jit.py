@@ -1,0 +1,82 @@
+"""How cbgym compiles its kernels: numba, cached on disk, announced once per machine.
+
+Every engine and env kernel is a plain Python function decorated with :func:`kernel`. With
+``NUMBA_DISABLE_JIT=1`` in the environment numba leaves them uncompiled, so the whole engine
+runs as ordinary Python: breakpoints, ``print`` and coverage work inside the scheduling loop
+(about a hundred times slower; for debugging, never for experiments).
+
+Compiled code is cached by numba next to the modules, or, when the package folder is not
+writable (a system-wide install), in the user's cache folder (numba's user-wide locator), or
+wherever ``NUMBA_CACHE_DIR`` points. The first use on a machine compiles; :func:`bind` prints
+one line on stderr when it has to, so a researcher knows why the first step takes seconds.
+
+NOTE on literals: numba compiles a kernel once per *literal* value a Python int argument
+takes (``f(s, 0)`` and ``f(s, n)`` are two compilations). The kernels' constants are numpy
+ints (``cbgym.engine.layout``) and counters that flow into calls start as ``np.int64(0)``.
+
+NOTE on compile time: numba optimises each function together with everything it calls, so
+the cost grows with the depth of the call graph, not with the number of functions. The
+kernels keep it shallow: entry points call a few phases, phases call small leaves.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import numba
+import numpy as np
+
+_BOUND: dict[tuple, Any] = {}
+_ANNOUNCED = False
+COLD_START_HINT_S = 15  # what the notice promises on a 2-core machine (bench_cold_start.py)
+
+
+def kernel(fn: Callable) -> Any:
+    """Compile ``fn`` with numba (nopython, cached on disk)."""
+    return numba.njit(cache=True, nogil=True)(fn)
+
+
+def _layout(x: object) -> object:
+    """What numba's type of ``x`` depends on, cheaply (arrays: dtype, ndim, flags)."""
+    if isinstance(x, np.ndarray):
+        f = x.flags
+        return x.dtype.str, x.ndim, f.c_contiguous, f.f_contiguous, f.writeable, f.aligned
+    if isinstance(x, tuple):
+        return type(x), tuple(_layout(v) for v in x)
+    return type(x)
+
+
+def _announce(fn: Any) -> None:
+    global _ANNOUNCED
+    if _ANNOUNCED:
+        return
+    _ANNOUNCED = True
+    where = getattr(getattr(fn, "_cache", None), "cache_path", None) or "numba's cache"
+    print(f"cbgym: compiling the engine kernels for this machine (once, about "
+          f"{COLD_START_HINT_S} s on 2 cores; cached in {where})", file=sys.stderr, flush=True)
+
+
+def bind(fn: Any, *args: object) -> Callable:
+    """``fn``'s compiled entry point for arguments of exactly these types.
+
+    Calling it skips numba's per-call type dispatch (several microseconds for the state
+    tuples, more than an engine iteration). Valid only for arguments of the same types: the
+    state arrays are always built C-contiguous and writeable (``layout.new_state``), so a
+    state rebuilt after unpickling binds to the same compiled code, never to a new one.
+    """
+    if not isinstance(fn, numba.core.registry.CPUDispatcher):  # NUMBA_DISABLE_JIT=1
+        return fn
+    key = (fn, _layout(args))
+    entry = _BOUND.get(key)
+    if entry is None:
+        sig = tuple(numba.typeof(x) for x in args)
+        if sig not in fn.overloads:
+            cache = getattr(fn, "_cache", None)
+            cached = cache.load_overload(sig, fn.targetctx) if cache is not None else None
+            if cached is None:
+                _announce(fn)
+        fn.compile(sig)  # loads from the on-disk cache when it can
+        entry = _BOUND[key] = fn.overloads[sig].entry_point
+    return entry

@@ -1,0 +1,139 @@
+"""Small pieces the engine kernels share: KV blocks, queues, request ends, sorting.
+
+Paged KV accounting counts blocks rather than naming them (without prefix caching which
+physical block a request holds never changes a decision, as in Vidur). The invariant the
+engine keeps: ``0 <= free <= num_blocks`` and ``free + sum(held) == num_blocks``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from cbgym.engine.jit import kernel
+from cbgym.engine.layout import (
+    FINISH,
+    FINISH_ORDER,
+    FINISHED,
+    FREE,
+    HELD,
+    NUM_ENDED,
+    NUM_FINISHED,
+    REASON,
+    STATUS,
+    State,
+)
+
+
+@kernel
+def grow_to(s: State, block_size: int, rid: int, num_tokens: int) -> bool:
+    """Make ``rid`` hold enough blocks for ``num_tokens``; False if memory is short."""
+    held = s.req[HELD]
+    need = -(-num_tokens // block_size) - held[rid]
+    if need > s.si[FREE]:
+        return False
+    if need > 0:
+        held[rid] += need
+        s.si[FREE] -= need
+    return True
+
+
+@kernel
+def release(s: State, rid: int) -> None:
+    """Free every block ``rid`` holds."""
+    held = s.req[HELD]
+    s.si[FREE] += held[rid]
+    held[rid] = 0
+
+
+@kernel
+def end(s: State, rid: int, status: int, t: float, code: int) -> None:
+    """Record that a request left the system (exactly once)."""
+    assert s.req[STATUS, rid] < FINISHED, "a request ended twice"
+    s.req[STATUS, rid] = status
+    s.req[REASON, rid] = code
+    s.times[FINISH, rid] = t
+    if status == FINISHED:
+        s.ids[FINISH_ORDER, s.si[NUM_FINISHED]] = rid
+        s.si[NUM_FINISHED] += 1
+    s.si[NUM_ENDED] += 1
+
+
+@kernel
+def copy_ids(dst: np.ndarray, src: np.ndarray, n: int) -> None:
+    """``dst[:n] = src[:n]`` as a loop (numba's slice assignment drags in string formatting
+    for its shape-mismatch error, which costs a second of compile time)."""
+    for i in range(n):
+        dst[i] = src[i]
+
+
+@kernel
+def remove(queue: np.ndarray, n: int, rid: int) -> int:
+    """Remove ``rid`` from the first n entries of ``queue``, keeping order; its position."""
+    pos = 0
+    while queue[pos] != rid:
+        pos += 1
+    for i in range(pos, n - 1):
+        queue[i] = queue[i + 1]
+    return pos
+
+
+@kernel
+def keep_status(queue: np.ndarray, n: int, status: np.ndarray, keep: int) -> int:
+    """Drop entries whose status is not ``keep``, keeping order; the new length."""
+    m = 0
+    for i in range(n):
+        rid = queue[i]
+        if status[rid] == keep:
+            queue[m] = rid
+            m += 1
+    return m
+
+
+@kernel
+def sort_by_key(ids: np.ndarray, n: int, key: np.ndarray, tmp: np.ndarray) -> None:
+    """Sort ``ids[:n]`` by ``key[id]`` ascending, stably (a bottom-up merge sort).
+
+    Stable, so equal keys keep queue order, exactly as ``np.argsort(kind="stable")``.
+    ``tmp`` is scratch of at least n slots.
+    """
+    width = 1
+    src, dst = ids, tmp
+    in_tmp = False  # which buffer holds the sorted runs
+    while width < n:
+        for lo in range(0, n, 2 * width):
+            mid, hi = min(lo + width, n), min(lo + 2 * width, n)
+            i, j, k = lo, mid, lo
+            while i < mid and j < hi:
+                if key[src[j]] < key[src[i]]:  # strict: ties take the left run first
+                    dst[k] = src[j]
+                    j += 1
+                else:
+                    dst[k] = src[i]
+                    i += 1
+                k += 1
+            while i < mid:
+                dst[k] = src[i]
+                i += 1
+                k += 1
+            while j < hi:
+                dst[k] = src[j]
+                j += 1
+                k += 1
+        src, dst = dst, src
+        in_tmp = not in_tmp
+        width *= 2
+    if in_tmp:
+        copy_ids(ids, tmp, n)
+
+
+@kernel
+def count_at_most(sorted_values: np.ndarray, x: float) -> int:
+    """How many of ``sorted_values`` are <= x (``searchsorted(side="right")``)."""
+    lo, hi = 0, len(sorted_values)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if sorted_values[mid] <= x:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo

@@ -1,0 +1,139 @@
+"""The kernel's data: static parameters apart from mutable state (gymnax's split).
+
+:class:`Params` is what an :class:`~cbgym.engine.EngineConfig` compiles to: integer settings
+in ``ci`` and the cost model's coefficients in ``cost``; nothing in it changes during a run.
+:class:`State` is everything a run mutates, as numpy arrays (so the Python side reads it
+without copies and it pickles as it is): per-request columns indexed by request id, the
+queues as id arrays with their lengths in ``si``, the standing decision, and the buffers the
+time series and batch log are written to. Scalars live in the small arrays ``si`` (int64) and
+``sf`` (float64) under the names below, because a numba tuple of arrays is immutable but the
+arrays in it are not.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+
+def _codes(n: int) -> tuple[np.int64, ...]:
+    """n consecutive int64 constants. numpy ints, not Python ints: numba types a Python int
+    global as a literal and compiles every kernel it is passed to once per literal value."""
+    return tuple(np.int64(i) for i in range(n))
+
+
+# ---------------------------------------------------------------- ci: static settings (int64)
+(PAPER, BUDGET, MAX_SEQS, BLOCK_SIZE, NUM_BLOCKS, CHUNKED, MAX_MODEL_LEN, SWAP, KV_BYTES,
+ CONSULT, KEYED, RECORD, COST_KIND) = _codes(13)
+NUM_CI = 13
+# when the engine stops to ask for a decision (cbgym.engine.Policy.consult)
+CONSULT_MODES = ("never", "on_change", "on_completion", "every_iteration", "always")
+NEVER, ON_CHANGE, ON_COMPLETION, EVERY_ITERATION, ALWAYS = _codes(5)
+
+# ---------------------------------------------------------------- si: int64 scalars
+(N_RUN, N_WAIT, NEXT_ARRIVAL, FREE, ITERATION, TOTAL_PREEMPT, NUM_FINISHED, NUM_ENDED,
+ IDLE_TICKS, HOST_FREE, SWAP_BYTES, PREEMPTED_NOW, REC_N, BLOG_N, PLOG_N, CHANGED, SHORTFALL,
+ PLAN_TOTAL, PLAN_DECODING, PLAN_VALID, STAND_N, STAND_HAS, VICT_N, VICT_HAS,
+ ROW_OPEN) = _codes(25)
+NUM_SI = 25
+# ---------------------------------------------------------------- sf: float64 scalars
+NOW, LAST_DT = _codes(2)
+NUM_SF = 2
+
+# ---------------------------------------------------------------- codes
+# request status (cbgym.engine.Status)
+PENDING, WAITING, RUNNING, FINISHED, SHED = _codes(5)
+# what a kernel call stopped at
+AT_DECISION, DRAINED, NEED_ROOM, TOO_MANY_IDLE_TICKS = _codes(4)
+# why a request ended; 0 = plain "finished". Codes from len(REASONS) on are a run's own
+# shed reasons (Decision.shed_reason strings), numbered by the Engine as they appear.
+REASONS = ("", "kv_reservation_exceeds_capacity", "prompt_exceeds_max_model_len",
+           "prompt_exceeds_kv_capacity", "prompt_exceeds_token_budget", "kv_capacity_exceeded",
+           "max_model_len", "shed_by_agent", "shed_by_policy")
+(R_RESERVATION, R_PROMPT_MML, R_PROMPT_KV, R_PROMPT_BUDGET, R_KV_EXCEEDED, R_MML,
+ R_AGENT, R_POLICY) = _codes(9)[1:]
+
+# With nothing running and every waiting request held back, time moves by this much per
+# idle tick; after MAX_IDLE_TICKS ticks in a row (1,000 simulated seconds) the run is stuck.
+IDLE_TICK_S = 0.01
+MAX_IDLE_TICKS = np.int64(100_000)
+
+# the time series: one row per iteration, or per run of identical decode iterations
+REC_COLUMNS = ("start_s", "duration_s", "num_waiting", "num_running", "kv_blocks_used",
+               "num_tokens", "prefill_tokens", "decode_seqs", "num_preemptions",
+               "num_iterations")
+REC_ROWS = 4096  # rows buffered in the kernel before they move to the Python recorder
+LOG_ROWS = 8192  # batch-log rows buffered (record_iterations=True)
+
+
+class Params(NamedTuple):
+    """Static parameters of one engine (never written by the kernel)."""
+
+    ci: np.ndarray  # int64 settings, indexed by the ci names above
+    cost: np.ndarray  # float64 cost-model coefficients (cbgym.engine.pricing)
+
+
+# ---------------------------------------------------------------- State.req rows (int64)
+(PROMPT, OUTPUT, TOKENS, COMPUTED, GENERATED, HOST_TOKENS, PREEMPTIONS, HELD, STATUS,
+ REASON) = _codes(10)
+# ---------------------------------------------------------------- State.times rows (float64)
+ARRIVAL, FIRST_SCHEDULED, FIRST_TOKEN, FINISH, KEY = _codes(5)
+# ---------------------------------------------------------------- State.ids rows (int64)
+(RUN_Q, WAIT_Q, FINISH_ORDER, STAND_ORDER, STAND_VICTIMS, PLAN_TOKENS, PLAN_NEED, SCHED_IDS,
+ SCHED_TOKENS, ORDER, NEVER_FIT, SAMPLED, SCRATCH) = _codes(13)
+
+
+class State(NamedTuple):
+    """Everything one engine run mutates (arrays, changed in place).
+
+    Per-request columns are rows of three 2-D arrays, one per dtype, because numba's cost of
+    compiling a function grows with the number of arrays it is handed; a kernel names the
+    rows it uses first (``computed = s.req[COMPUTED]``) and then reads like the Python it is.
+    """
+
+    # per request, indexed by id (trace order): PROMPT, OUTPUT (the true output length,
+    # never shown to policies), TOKENS (prompt + generated), COMPUTED (tokens whose KV is
+    # computed), GENERATED, HOST_TOKENS (KV tokens swapped out to host), PREEMPTIONS,
+    # HELD (KV blocks), STATUS (codes above), REASON (codes into REASONS)
+    req: np.ndarray
+    # per request: ARRIVAL, FIRST_SCHEDULED, FIRST_TOKEN, FINISH (seconds; NaN: not yet),
+    # KEY (a static policy's key: lower admitted first)
+    times: np.ndarray
+    # id lists, each n long:
+    #   RUN_Q (running, admission order; first si[N_RUN]), WAIT_Q (waiting, queue order;
+    #   first si[N_WAIT]), FINISH_ORDER (finished ids in completion order),
+    #   STAND_ORDER / STAND_VICTIMS (the standing decision, re-applied until the policy is
+    #   asked again; si[STAND_N], si[VICT_N]),
+    #   and one iteration's scratch: PLAN_TOKENS / PLAN_NEED (per running slot: tokens the
+    #   running loop grants and new KV blocks for them), SCHED_IDS / SCHED_TOKENS (the
+    #   batch), ORDER (admission candidates), NEVER_FIT, SAMPLED (per batch slot: 1 if it
+    #   samples a token), SCRATCH (sorting)
+    ids: np.ndarray
+    si: np.ndarray  # int64 scalars (names above)
+    sf: np.ndarray  # float64 scalars
+    rec: np.ndarray  # (REC_ROWS, len(REC_COLUMNS)) time-series rows; first si[REC_N]
+    blog: np.ndarray  # (rows, 3) batch log: iteration, request id, tokens; first si[BLOG_N]
+    plog: np.ndarray  # (rows, 2) preemptions: iteration, request id; first si[PLOG_N]
+
+
+def new_state(arrival_s: np.ndarray, prompt: np.ndarray, output: np.ndarray,
+              num_blocks: int, host_free_tokens: int, max_seqs: int) -> State:
+    """A fresh run's state. Every array is the state's own, C-contiguous and writeable, so a
+    state always has the same numba type (an unpickled one included)."""
+    n = len(arrival_s)
+    req = np.zeros((10, n), np.int64)
+    req[PROMPT] = prompt
+    req[OUTPUT] = output
+    req[TOKENS] = prompt
+    times = np.full((5, n), np.nan)
+    times[ARRIVAL] = arrival_s
+    times[KEY] = 0.0
+    si = np.zeros(NUM_SI, np.int64)
+    si[FREE] = num_blocks
+    si[HOST_FREE] = host_free_tokens
+    si[CHANGED] = 1
+    log_rows = max(LOG_ROWS, 4 * max_seqs)
+    return State(req, times, np.zeros((13, n), np.int64), si, np.zeros(NUM_SF),
+                 np.zeros((REC_ROWS, len(REC_COLUMNS))), np.zeros((log_rows, 3), np.int64),
+                 np.zeros((log_rows, 2), np.int64))

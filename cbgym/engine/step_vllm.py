@@ -1,0 +1,264 @@
+"""One vLLM v1 scheduling pass, read as a token-budget loop.
+
+NOTE on the algorithm (vLLM v1's ``Scheduler.schedule``): there is no prefill phase and no
+decode phase. Every request has ``computed`` tokens catching up with its tokens (prompt +
+generated output); an iteration hands out a token budget, RUNNING requests first (in
+admission order), then WAITING ones (in the decision's order). A decode is a request one
+token behind; a long prompt is caught up in chunks. When the running loop runs out of KV
+blocks it preempts (the decision's victims first, else the most recently admitted) and that
+iteration admits nobody.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from cbgym.engine.jit import kernel
+from cbgym.engine.kutil import copy_ids, grow_to, keep_status, remove
+from cbgym.engine.layout import (
+    BLOCK_SIZE,
+    BUDGET,
+    CHANGED,
+    CHUNKED,
+    COMPUTED,
+    FREE,
+    GENERATED,
+    HELD,
+    HOST_TOKENS,
+    MAX_MODEL_LEN,
+    MAX_SEQS,
+    N_RUN,
+    N_WAIT,
+    NEVER_FIT,
+    NUM_BLOCKS,
+    ORDER,
+    PAPER,
+    PLAN_DECODING,
+    PLAN_NEED,
+    PLAN_TOKENS,
+    PLAN_TOTAL,
+    PLAN_VALID,
+    R_KV_EXCEEDED,
+    RUN_Q,
+    RUNNING,
+    SCHED_IDS,
+    SCHED_TOKENS,
+    SHORTFALL,
+    STAND_HAS,
+    STAND_N,
+    STAND_ORDER,
+    STAND_VICTIMS,
+    STATUS,
+    TOKENS,
+    VICT_HAS,
+    VICT_N,
+    WAIT_Q,
+    WAITING,
+    Params,
+    State,
+)
+from cbgym.engine.transitions import preempt, shed, start
+
+
+@kernel
+def running_plan(s: State, p: Params) -> None:
+    """What serving the running batch would take this iteration (vLLM's running loop).
+
+    Fills PLAN_TOKENS / PLAN_NEED per running slot and sets PLAN_TOTAL (new blocks),
+    SHORTFALL (blocks missing; 0 = everyone fits) and PLAN_DECODING (a pure decode batch).
+    """
+    si, ci = s.si, p.ci
+    running, plan_tokens, plan_need = s.ids[RUN_Q], s.ids[PLAN_TOKENS], s.ids[PLAN_NEED]
+    tokens, computed, generated, held = (s.req[TOKENS], s.req[COMPUTED], s.req[GENERATED],
+                                         s.req[HELD])
+    n = si[N_RUN]
+    max_rem, min_gen = 0, 1
+    for i in range(n):
+        rid = running[i]
+        rem = tokens[rid] - computed[rid]
+        max_rem = max(max_rem, rem) if i else rem
+        min_gen = min(min_gen, generated[rid]) if i else generated[rid]
+    # a request one token behind that has output is decoding; else it is (re)prefilling
+    decoding = n > 0 and max_rem == 1 and min_gen > 0
+    bs, budget = ci[BLOCK_SIZE], ci[BUDGET]
+    total = before = np.int64(0)
+    for i in range(n):
+        rid = running[i]
+        c = computed[rid]
+        rem = tokens[rid] - c
+        if ci[PAPER]:  # the study's decode step serves every running request, KV reserved
+            tok, need = rem, 0
+        elif decoding and n <= budget:
+            # a decoding request holds exactly ceil(computed / block_size) blocks, so its
+            # next token needs a new block exactly when its last block is full
+            tok, need = rem, 1 if c % bs == 0 else 0
+        else:
+            tok = min(rem, max(budget - before, 0))
+            before += rem
+            need = max(-(-(c + tok) // bs) - held[rid], 0)
+        plan_tokens[i] = tok
+        plan_need[i] = need
+        total += need
+    si[PLAN_TOTAL], si[PLAN_DECODING] = total, decoding
+    si[SHORTFALL] = max(total - si[FREE], 0)
+    si[PLAN_VALID] = 1
+
+
+@kernel
+def schedule_running_slow(s: State, p: Params, budget: int) -> tuple[int, int, bool]:
+    """vLLM's running loop one request at a time, preempting when blocks run out.
+
+    Victims are the standing decision's, in its order (those still running), then vLLM's
+    default: the most recently admitted. Returns (batch size, budget left, preempted?).
+    """
+    si, bs = s.si, p.ci[BLOCK_SIZE]
+    running, victims = s.ids[RUN_Q], s.ids[STAND_VICTIMS]
+    sched_ids, sched_tokens = s.ids[SCHED_IDS], s.ids[SCHED_TOKENS]
+    tokens, computed, status = s.req[TOKENS], s.req[COMPUTED], s.req[STATUS]
+    m = vi = i = np.int64(0)
+    preempted = False
+    while i < si[N_RUN] and budget > 0:
+        rid = running[i]
+        tok = min(tokens[rid] - computed[rid], budget)
+        if -(-(computed[rid] + tok) // bs) > p.ci[NUM_BLOCKS]:
+            shed(s, rid, R_KV_EXCEEDED)  # could never run, even alone
+            continue
+        scheduled = True
+        while not grow_to(s, bs, rid, computed[rid] + tok):
+            victim = running[si[N_RUN] - 1]  # vLLM's default
+            while si[VICT_HAS] and vi < si[VICT_N]:
+                vi += 1
+                if status[victims[vi - 1]] == RUNNING:
+                    victim = victims[vi - 1]
+                    break
+            pos = remove(running, si[N_RUN], victim)
+            si[N_RUN] -= 1
+            for j in range(m):  # give back what the victim was granted
+                if sched_ids[j] == victim:
+                    budget += sched_tokens[j]
+                    for t in range(j, m - 1):
+                        sched_ids[t] = sched_ids[t + 1]
+                        sched_tokens[t] = sched_tokens[t + 1]
+                    m -= 1
+                    break
+            preempt(s, p, victim)
+            preempted = True
+            if pos < i:
+                i -= 1
+            if victim == rid:
+                scheduled = False
+                break
+        if scheduled:
+            sched_ids[m] = rid
+            sched_tokens[m] = tok
+            m += 1
+            budget -= tok
+            i += 1
+    return m, budget, preempted
+
+
+@kernel
+def admission_candidates(s: State) -> int:
+    """Fill ORDER with the waiting ids to try, in the standing order; how many.
+
+    The standing order may name requests that left the queue since it was decided: only
+    those still waiting count. Without one, the queue order (FCFS).
+    """
+    order, status = s.ids[ORDER], s.req[STATUS]
+    if not s.si[STAND_HAS]:
+        n = s.si[N_WAIT]
+        copy_ids(order, s.ids[WAIT_Q], n)
+        return n
+    stand = s.ids[STAND_ORDER]
+    m = np.int64(0)
+    for i in range(s.si[STAND_N]):
+        if status[stand[i]] == WAITING:
+            order[m] = stand[i]
+            m += 1
+    return m
+
+
+@kernel
+def admit(s: State, p: Params, m: int, budget: int) -> int:
+    """Admit waiting requests in order until one does not fit; the new batch size."""
+    si, ci = s.si, p.ci
+    bs, chunked = ci[BLOCK_SIZE], ci[CHUNKED]
+    order, never = s.ids[ORDER], s.ids[NEVER_FIT]
+    sched_ids, sched_tokens = s.ids[SCHED_IDS], s.ids[SCHED_TOKENS]
+    tokens, host_tokens = s.req[TOKENS], s.req[HOST_TOKENS]
+    k = admission_candidates(s)
+    admitted = n_never = np.int64(0)
+    for j in range(k):
+        rid = order[j]
+        if si[N_RUN] >= ci[MAX_SEQS] or budget <= 0:
+            break
+        total = tokens[rid]
+        computed = host_tokens[rid]  # swapped-out KV comes back; else recompute
+        new = total - computed
+        blocks = -(-total // bs)
+        if blocks > ci[NUM_BLOCKS] or (not chunked and new > ci[BUDGET]):
+            never[n_never] = rid  # prompt + output so far outgrew the cache or the budget
+            n_never += 1
+            continue
+        if not chunked and new > budget:
+            break
+        tok = min(new, budget)
+        # The whole sequence must fit before a request is admitted (no partial reservation
+        # of a prompt that could then stall), but only the scheduled chunk is allocated.
+        # (A waiting request holds no blocks: preemption and swap-out free them all.)
+        if blocks > si[FREE]:
+            break
+        grow_to(s, bs, rid, computed + tok)
+        start(s, p, rid, computed)
+        sched_ids[m] = rid
+        sched_tokens[m] = tok
+        m += 1
+        admitted += 1
+        budget -= tok
+    if admitted:
+        si[N_WAIT] = keep_status(s.ids[WAIT_Q], si[N_WAIT], s.req[STATUS], WAITING)
+        si[CHANGED] = 1
+    for j in range(n_never):
+        shed(s, never[j], R_KV_EXCEEDED)
+    assert budget >= 0, "token budget over-spent"
+    return m
+
+
+@kernel
+def schedule(s: State, p: Params) -> int:
+    """One vLLM v1 scheduling pass: running first, then waiting. The batch size."""
+    si, ci = s.si, p.ci
+    running, plan_tokens, plan_need = s.ids[RUN_Q], s.ids[PLAN_TOKENS], s.ids[PLAN_NEED]
+    computed, held = s.req[COMPUTED], s.req[HELD]
+    budget = ci[BUDGET]
+    if not si[PLAN_VALID]:
+        running_plan(s, p)
+    n = si[N_RUN]
+    too_long = False
+    if ci[MAX_MODEL_LEN] >= 0:
+        for i in range(n):
+            if computed[running[i]] + plan_tokens[i] > ci[MAX_MODEL_LEN]:
+                too_long = True
+    # First, schedule the RUNNING requests: all at once when memory lasts.
+    if si[SHORTFALL] == 0 and not too_long:
+        sched_ids, sched_tokens = s.ids[SCHED_IDS], s.ids[SCHED_TOKENS]
+        every_decode = si[PLAN_DECODING] != 0 and n <= budget  # everyone, one token
+        m = np.int64(0)
+        for i in range(n):
+            rid = running[i]
+            if plan_tokens[i] > 0 or every_decode:
+                sched_ids[m] = rid
+                sched_tokens[m] = plan_tokens[i]
+                m += 1
+                budget -= plan_tokens[i]
+            held[rid] += plan_need[i]
+        assert si[PLAN_TOTAL] <= si[FREE], "KV blocks over-committed"
+        si[FREE] -= si[PLAN_TOTAL]
+        preempted = False
+    else:
+        m, budget, preempted = schedule_running_slow(s, p, budget)
+    # Next, schedule the WAITING requests, unless this iteration had to preempt.
+    if not preempted:
+        m = admit(s, p, m, budget)
+    assert si[N_RUN] <= ci[MAX_SEQS], "max_num_seqs exceeded"
+    return m
