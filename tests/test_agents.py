@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from cbgym import Decision, EngineConfig, LinearCostModel, Trace, simulate
@@ -13,6 +14,8 @@ from cbgym.agents.base import OUTPUT_STAT_EDGES, view_from_decision_point
 from cbgym.agents.noisy_oracle import believed_outputs
 from cbgym.agents.work import WorkCoefficients, estimated_output, work_coefficients
 from cbgym.engine import DecisionPoint, Policy, PolicyContext
+from cbgym.engine.table_cost import TableCostModel
+from tests.conftest import make_config
 
 PAPER = EngineConfig(preset="cbsjf-paper")
 NBUCKETS = len(OUTPUT_STAT_EDGES) + 1
@@ -142,6 +145,9 @@ def test_keys_match_a_full_view_of_every_decision_point() -> None:
             continue
 
         class Spy(base):  # type: ignore[valid-type, misc]
+            def static_keys(self) -> None:  # consulted through the door, never in the kernel
+                return None
+
             def decide(self, dp: DecisionPoint) -> Decision:
                 d = super().decide(dp)
                 if d.priority is not None:
@@ -304,11 +310,10 @@ def test_work_coefficients_of_a_linear_model() -> None:
 
 
 def test_work_coefficients_by_finite_differences() -> None:
-    class Wrapped:  # a non-linear-model stand-in with known slopes
-        def iteration_time(self, s):  # type: ignore[no-untyped-def]
-            return 0.01 + 2e-4 * s.prefill_tokens + 3e-4 * s.decode_seqs
-
-    cfg = EngineConfig(preset=None, cost_model=Wrapped(), num_kv_blocks=100)
+    # not a LinearCostModel, so its coefficients are found by finite differences
+    table = TableCostModel(intercept_s=0.01, prefill_token_s=2e-4, decode_seq_s=3e-4,
+                           kv_token_s=0.0)
+    cfg = EngineConfig(preset=None, cost_model=table, num_kv_blocks=100)
     coef = work_coefficients(cfg)
     np.testing.assert_allclose([coef.fixed_s, coef.prefill_token_s, coef.decode_seq_s],
                                [0.01, 2e-4, 3e-4])
@@ -347,3 +352,21 @@ def test_oracle_beats_cb_sjf_work_beats_fcfs_at_high_load() -> None:
     norm = {p: simulate(tr, p, PAPER, load=1.05).summary(warmup=0.1)["norm_latency_mean"]
             for p in ("oracle-work", "cb-sjf-work", "fcfs")}
     assert norm["oracle-work"] < norm["cb-sjf-work"] < norm["fcfs"], norm
+
+
+@pytest.mark.parametrize("name", ["sjf-ctx", "oracle-sjf", "oracle-work", "noisy-oracle:0.7",
+                                  "noisy-oracle-work:0.7", "sjf-ctx-aging:0.5",
+                                  "oracle-work-aging:0.5", "random"])
+@pytest.mark.parametrize("engine", ["paper", "vllm"])
+def test_static_keys_in_the_kernel_equal_consulting_the_policy(name: str, engine: str) -> None:
+    """A static-key policy ranked inside the compiled loop (no Python call per decision)
+    gives exactly the run of the same policy consulted through the door."""
+    tr = synthetic(300, seed=5, rate=6.0)
+    cfg = PAPER if engine == "paper" else make_config(num_kv_blocks=400, max_num_seqs=16)
+    kernel = make_policy(name)
+    door = make_policy(name)
+    door.static_keys = lambda: None  # type: ignore[method-assign]
+    a, b = simulate(tr, kernel, cfg, seed=3), simulate(tr, door, cfg, seed=3)
+    assert kernel.static_keys() is not None
+    pd.testing.assert_frame_equal(a.requests, b.requests)
+    pd.testing.assert_frame_equal(a.timeseries, b.timeseries)

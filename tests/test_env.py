@@ -104,27 +104,24 @@ def assert_same(x: Any, y: Any) -> None:
 
 
 # ---------------------------------------------------------------------------- API conformance
-BACKENDS = pytest.mark.parametrize("backend", ["compiled", "python"])
 
 
-@BACKENDS
 @pytest.mark.parametrize("masked", [False, True])
-def test_gymnasium_check_env_without_warnings(masked: bool, backend: str) -> None:
+def test_gymnasium_check_env_without_warnings(masked: bool) -> None:
     from gymnasium.utils.env_checker import check_env
 
     # the checkers sample actions without masks: masked indices become documented no-ops
-    env = make(masked, backend=backend, **({"invalid_action": "noop"} if masked else {}))
+    env = make(masked, **({"invalid_action": "noop"} if masked else {}))
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         check_env(env.unwrapped)
 
 
-@BACKENDS
 @pytest.mark.parametrize("masked", [False, True])
-def test_sb3_check_env_without_warnings(masked: bool, backend: str) -> None:
+def test_sb3_check_env_without_warnings(masked: bool) -> None:
     from stable_baselines3.common.env_checker import check_env
 
-    env = make(masked, backend=backend,
+    env = make(masked,
                **({"invalid_action": "noop"} if masked else {})).unwrapped
     with warnings.catch_warnings():
         warnings.simplefilter("error")
@@ -161,10 +158,9 @@ def test_make_vec(mode: str, masked: bool) -> None:
         envs.close()
 
 
-@BACKENDS
 @pytest.mark.parametrize("masked", [False, True])
-def test_pickle_mid_episode_continues_identically(masked: bool, backend: str) -> None:
-    env = make(masked, backend=backend)
+def test_pickle_mid_episode_continues_identically(masked: bool) -> None:
+    env = make(masked)
     rollout(env, seed=1, max_steps=20)
     clone = pickle.loads(pickle.dumps(env))
     for _ in range(10):

@@ -63,7 +63,7 @@ def test_latency_stats_agree_with_simulation_result_summary() -> None:
     rng = np.random.default_rng(1)
     frame = requests(arrival=list(np.sort(rng.uniform(0, 50, 40))),
                      e2e=list(rng.uniform(0.5, 9, 40)), output=list(rng.integers(1, 300, 40)))
-    res = SimulationResult(frame, timeseries_frame(np.empty((0, 9)), 10), None, None, SLO())
+    res = SimulationResult(frame, timeseries_frame(np.empty((0, 10)), 10), None, None, SLO())
     summary = res.summary(warmup=0.1)
     stats = study.latency_stats(frame, 0.1)
     assert stats["mean_norm_latency_ms"] == pytest.approx(1000 * summary["norm_latency_mean"])

@@ -4,10 +4,11 @@
 ``cbgym/agents/checkpoints/``, ``learned`` alone for ``default``) runs a model trained by
 ``train.py`` anywhere a baseline runs: ``cbgym.simulate(trace, policy="learned:default")``,
 ``cbgym bench --policies fcfs,learned:default``. At each decision point it builds the exact
-observation the environment would have shown (the env's own :class:`ObservationEncoder`, the
-same visible windows), asks the model for its deterministic action, and turns it into a
-:class:`~cbgym.engine.Decision` with the env's own decoder, so an episode played on the env and
-the same window replayed through ``cbgym.simulate`` give identical results (tested).
+observation the environment would have shown (the env's own compiled encoder and visible
+windows, :mod:`cbgym.env.kernel_ops`), asks the model for its deterministic action, and turns
+it into a :class:`~cbgym.engine.Decision` with the env's own compiled decoder, so an episode
+played on the env and the same window replayed through ``cbgym.simulate`` give identical
+results (tested).
 
 Loading needs the ``train`` extra (torch, stable-baselines3, sb3-contrib); importing this
 module does not.
@@ -30,7 +31,7 @@ from cbgym.metrics import SLO, slo_arrays
 # decoder are imported where they are used, not here (a circular import otherwise).
 
 __all__ = ["CHECKPOINT_DIR", "LearnedPolicy", "checkpoint_path", "load_model", "read_card",
-           "shipped_names", "visible_waiting"]
+           "shipped_names"]
 
 CHECKPOINT_DIR = Path(__file__).with_name("checkpoints")
 META_KEY = "cbgym"  # attribute of the SB3 model (saved in its zip) holding the env settings
@@ -80,18 +81,6 @@ def _cached_model(path: str, mtime_ns: int) -> Any:
     """One loaded model per file version: a benchmark builds the policy once per cell, and
     acting never changes the model, so the policies of one process can share it."""
     return load_model(path)
-
-
-def visible_waiting(dp: DecisionPoint, K: int, window_rule: str) -> np.ndarray:
-    """The waiting ids the env shows in its K slots (``SchedulingEnv._visible_waiting``)."""
-    waiting = dp.waiting
-    if len(waiting) <= K:
-        return waiting
-    if window_rule == "oldest":
-        return waiting[:K]
-    pick = np.argsort(dp.prompt_tokens[waiting], kind="stable")[:K]
-    pick.sort()  # shown in queue order, as the env does
-    return waiting[pick]
 
 
 def _single_threaded_torch() -> None:
@@ -146,39 +135,57 @@ class LearnedPolicy(Policy):
         self.slo = SLO(**self.meta["slo"])
 
     def reset(self, ctx: PolicyContext) -> None:
-        from cbgym.env.observation import ObservationEncoder
-
         super().reset(ctx)
-        cfg = ctx.config
-        self.encoder = ObservationEncoder(self.K, self.R, cfg.max_num_batched_tokens,
-                                          cfg.max_num_seqs)
-        self._ttft_target: np.ndarray | None = None
+        self._es: Any = None  # the env's side of the compiled step, made at the first decision
         self.idle_overrides = 0  # decisions where the engine-idling guard stepped in
 
+    def _observe(self, dp: DecisionPoint, chosen_w: list[int] | None = None,
+                 chosen_r: list[int] | None = None) -> dict[str, np.ndarray]:
+        """The env's own observation of ``dp`` (its compiled encoder and windows)."""
+        from cbgym.env import kernel_ops as ko
+        from cbgym.env.episode import _obs_dict
+
+        none = np.empty(0, np.int64)
+        raw = ko.observe(dp.kernel_state, self._es, False,
+                         none if not chosen_w else np.array(chosen_w, np.int64),
+                         none if not chosen_r else np.array(chosen_r, np.int64))
+        return _obs_dict(raw)[0]
+
+    def _windows(self, dp: DecisionPoint) -> tuple[np.ndarray, np.ndarray]:
+        """Fix the visible windows at ``dp`` as the env does; (waiting ids, running ids)."""
+        from cbgym.env import kernel_ops as ko
+        from cbgym.env.observation import slot_template
+
+        if self._es is None:  # first decision: per-request columns are now known
+            cfg = dp.config
+            ttft, tpot = slo_arrays(self.slo, dp.slo_class)
+            self._es = ko.new_env_state(
+                self.K, self.R, self.meta["window_rule"] == "smallest_prompt",
+                self.meta["hold_threshold"], self.meta["shed_threshold"],
+                cfg.max_num_batched_tokens, cfg.max_num_seqs, int(cfg.num_kv_blocks or 0),
+                slot_template(dp.prompt_tokens, dp.tenant, dp.slo_class), dp.arrival_s,
+                ttft, tpot)
+        ko.visible(dp.kernel_state, self._es)
+        win = self._es.win
+        w_ids = win[ko.W_IDS:ko.W_IDS + win[ko.NW]].copy()
+        r_ids = win[ko.W_IDS + self.K:ko.W_IDS + self.K + win[ko.NR]].copy()
+        return w_ids, r_ids
+
     def decide(self, dp: DecisionPoint) -> Decision:
-        if self._ttft_target is None:  # first decision: per-request columns are now known
-            self.encoder.start_episode(dp.arrival_s, dp.prompt_tokens, dp.tenant, dp.slo_class)
-            self._ttft_target = slo_arrays(self.slo, dp.slo_class)[0]
-        w_ids = visible_waiting(dp, self.K, self.meta["window_rule"])
-        r_ids = dp.running[-self.R:]
+        from cbgym.env import kernel_ops as ko
+
+        w_ids, r_ids = self._windows(dp)
         if self.masked:
             return self._decide_masked(dp, w_ids, r_ids)
-        from cbgym.env.action import decode_scores
-
-        action = self._predict(self.encoder.encode(dp, w_ids, r_ids))
-        target = self._ttft_target
-        assert target is not None
-
-        def late() -> np.ndarray:
-            return dp.now - dp.arrival_s[w_ids] > target[w_ids]
-
-        decision = decode_scores(action, self.layout, w_ids, r_ids,
-                                 self.meta["hold_threshold"], self.meta["shed_threshold"], late,
-                                 dp.shortfall_blocks > 0)
-        if len(dp.running) or len(decision.order):  # type: ignore[arg-type]
+        action = self._predict(self._observe(dp))
+        order, shed, victims = ko.decode_scores(dp.kernel_state, self._es,
+                                                np.ascontiguousarray(action, np.float64))
+        decision = Decision(order=order, shed=shed.tolist(), shed_reason="shed_by_agent",
+                            victims=victims if dp.shortfall_blocks > 0 else None)
+        if len(dp.running) or len(order):
             return decision
         # NOTE: the engine would idle; admit the best-scored request instead (see the class doc)
-        keep = ~np.isin(w_ids, np.asarray(decision.shed, dtype=np.int64))
+        keep = ~np.isin(w_ids, shed)
         if not keep.any():
             return decision
         self.idle_overrides += 1
@@ -198,8 +205,7 @@ class LearnedPolicy(Policy):
         # NOTE: STOP before any admission with nothing running would idle the engine: refused
         idle = len(dp.running) == 0 and dp.shortfall_blocks == 0 and len(w_ids) > 0
         while True:
-            logits = self._forward(self.encoder.encode(dp, w_ids, r_ids, ms.chosen_w,
-                                                       ms.chosen_r))
+            logits = self._forward(self._observe(dp, ms.chosen_w, ms.chosen_r))
             mask = ms.mask(K, R).copy()
             i = _masked_argmax(logits, mask)
             if i == K + R and idle and not ms.chosen_w:

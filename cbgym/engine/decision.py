@@ -14,7 +14,7 @@ output lengths are never in it; oracle policies get them once, through
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar, Literal
 
 import numpy as np
@@ -62,6 +62,10 @@ class DecisionPoint:
     # total preemptions so far
     total_preemptions: int
     config: EngineConfig
+    # the engine's compiled state, for cbgym's own compiled observation encoder (the learned
+    # policy builds the env's exact observation from it). It holds true output lengths:
+    # policies never read it.
+    kernel_state: object = field(default=None, repr=False, compare=False)
 
     @property
     def kv_usage(self) -> float:

@@ -200,13 +200,13 @@ class Engine:
         while code == L.NEED_ROOM:
             self.recorder.flush()
             code = self._advance(self.state, self.params)  # type: ignore[operator]
-        self.at_point = code == L.AT_DECISION
+        self.at_point = bool(code == L.AT_DECISION)
         if code == L.TOO_MANY_IDLE_TICKS:
             raise EngineStuckError(
                 f"the policy held every waiting request back for {MAX_IDLE_TICKS} idle ticks "
                 f"({MAX_IDLE_TICKS * IDLE_TICK_S:g} simulated seconds) with nothing running; "
                 "it would never drain the workload")
-        self.drained = code == L.DRAINED
+        self.drained = bool(code == L.DRAINED)
         return code
 
     def make_room(self) -> None:
@@ -287,5 +287,6 @@ class Engine:
             last_iteration_s=self.last_iteration_s,
             total_preemptions=self.total_preemptions,
             config=self.config,
+            kernel_state=s,
         )
 

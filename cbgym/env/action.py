@@ -3,7 +3,8 @@
 ``cbgym/Scheduling-v0`` takes a ``Box(-1, 1, (K + R,), float32)`` of scores, laid out as
 :class:`ScoreLayout` says (waiting slots, then running slots; deflection dimensions for the
 disaggregated variant will be appended after them, never inserted). ``cbgym/SchedulingMasked-v0``
-takes one ``Discrete(K + R + 1)`` index per micro-step (see :class:`MicroStepState`).
+takes one ``Discrete(K + R + 1)`` index per micro-step (see :class:`MicroStepState`). Score
+vectors are decoded by the compiled step (:func:`cbgym.env.kernel_ops.decode_scores`).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from gymnasium.error import InvalidAction
 from cbgym.engine.decision import Decision
 
 __all__ = ["InvalidActionError", "MicroStepState", "ScoreLayout", "check_discrete",
-           "check_scores", "decode_scores"]
+           "check_scores"]
 
 SHED_REASON = "shed_by_agent"
 
@@ -67,50 +68,6 @@ def check_scores(action: object, size: int) -> np.ndarray:
             f"action[{bad}] is {a[bad]}; scores must be finite and in [-1, 1] (clip the "
             "policy's output, e.g. with gymnasium.wrappers.ClipAction)")
     return a
-
-
-def decode_scores(
-    action: object,
-    layout: ScoreLayout,
-    w_ids: np.ndarray,
-    r_ids: np.ndarray,
-    hold_threshold: float,
-    shed_threshold: float | None,
-    late: Callable[[], np.ndarray],
-    shortfall: bool,
-) -> Decision:
-    """Turn a score vector into a Decision.
-
-    Args:
-        action: the ``(K + R,)`` scores in [-1, 1].
-        layout: the action layout.
-        w_ids: request ids of the visible waiting slots, in slot order.
-        r_ids: request ids of the visible running slots, in slot (admission) order.
-        hold_threshold: waiting slots scoring below it are held back this iteration.
-        shed_threshold: waiting slots scoring at or below it are shed if ``late`` (None:
-            shedding disabled).
-        late: returns, per visible waiting slot, whether the request is past its TTFT
-            deadline (called only when some score asks for shedding).
-        shortfall: whether memory runs short this iteration (victims are only needed then).
-
-    Returns:
-        order: slots at or above the threshold by descending score, ties in slot order;
-        victims: running slots by ascending score, ties latest admitted first (vLLM's default).
-    """
-    a = check_scores(action, layout.size)
-    w = a[: len(w_ids)]
-    idx = np.argsort(-w, kind="stable")
-    idx = idx[w[idx] >= hold_threshold]
-    shed: list[int] = []
-    if shed_threshold is not None and len(w) and np.minimum.reduce(w) <= shed_threshold:
-        sheddable = late() & (w <= shed_threshold)
-        shed = w_ids[sheddable].tolist()
-    victims = None
-    if shortfall and len(r_ids):
-        r = a[layout.K: layout.K + len(r_ids)]
-        # lexsort: last key is primary; ties go to the most recently admitted slot
-        victims = r_ids[np.lexsort((-np.arange(len(r_ids)), r))]
-    return Decision(order=w_ids[idx], shed=shed, shed_reason=SHED_REASON, victims=victims)
 
 
 def check_discrete(action: object, mask: np.ndarray, describe: Callable[[int], str]) -> int:
