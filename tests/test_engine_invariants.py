@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -98,3 +99,20 @@ def test_same_seed_same_result(trace, cfg, seed) -> None:
         drive(engine, np.random.default_rng(seed))
         frames.append(collect(engine, slo=__import__("cbgym").SLO(), meta={}).requests)
     pd.testing.assert_frame_equal(frames[0], frames[1])
+
+
+@pytest.mark.slow
+@settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(trace=traces, cfg=configs, seed=st.integers(0, 2**16),
+       consult=st.sampled_from(["on_change", "on_completion", "every_iteration", "always"]))
+def test_invariants_under_random_decisions_slow(trace, cfg, seed, consult) -> None:
+    """The invariants over 1,000 random traces, configs and decision streams."""
+    tr = build(*trace)
+    engine = Engine(tr, make_config(**cfg), consult=consult)
+    drive(engine, np.random.default_rng(seed))
+    req = engine.req
+    assert engine.done and req.num_ended == len(tr)
+    assert np.isin(req.status, [Status.FINISHED, Status.SHED]).all()
+    fin = req.status == Status.FINISHED
+    assert (req.generated[fin] == req.output[fin]).all()
+    assert engine.kv.free == engine.kv.num_blocks and not engine.running and not engine.waiting

@@ -41,7 +41,8 @@ def _ids(x: object) -> np.ndarray:
     return np.ascontiguousarray(() if x is None else x, dtype=np.int64).reshape(-1)
 
 
-def compile_params(config: EngineConfig, consult: str, keyed: bool, record: bool) -> L.Params:
+def compile_params(config: EngineConfig, consult: str, keyed: bool, record: bool,
+                   stretches: bool = True) -> L.Params:
     """The kernel's static parameters for ``config``."""
     assert config.block_size is not None and config.num_kv_blocks is not None
     kind, coef = cost_params(config.cost_model)
@@ -60,6 +61,7 @@ def compile_params(config: EngineConfig, consult: str, keyed: bool, record: bool
     ci[L.KEYED] = keyed
     ci[L.RECORD] = record
     ci[L.COST_KIND] = kind
+    ci[L.STRETCH] = stretches
     return L.Params(ci, coef)
 
 
@@ -77,16 +79,20 @@ class Engine:
         keys: a static policy's key per request id (lower admitted first, ties in queue
             order): the kernel decides wherever ``consult`` would ask, and
             :meth:`next_decision` returns None once the run drained.
+        decode_stretches: run stretches of decode-only iterations with nothing to decide in
+            one pass (identical results; off only to test exactly that).
     """
 
     def __init__(self, trace: Trace, config: EngineConfig, consult: str = "on_change",
-                 record_iterations: bool = False, keys: np.ndarray | None = None) -> None:
+                 record_iterations: bool = False, keys: np.ndarray | None = None,
+                 decode_stretches: bool = True) -> None:
         if consult not in CONSULT_MODES:
             raise ValueError(f"Engine consult={consult!r}: expected one of {CONSULT_MODES}")
         assert config.num_kv_blocks is not None and config.block_size is not None
         self.config = config
         self.consult = consult
-        self.params = compile_params(config, consult, keys is not None, record_iterations)
+        self.params = compile_params(config, consult, keys is not None, record_iterations,
+                                     decode_stretches)
         kvb = config.kv_bytes_per_token or 0
         host = int(config.swap_space_gib * _GIB // kvb) if kvb else 0
         self.state = s = L.new_state(trace.arrival_s, trace.prompt_tokens, trace.output_tokens,

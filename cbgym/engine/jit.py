@@ -30,7 +30,7 @@ import numpy as np
 
 _BOUND: dict[tuple, Any] = {}
 _ANNOUNCED = False
-COLD_START_HINT_S = 15  # what the notice promises on a 2-core machine (bench_cold_start.py)
+COLD_START_HINT_S = 20  # what the notice promises on a 2-core machine (bench_cold_start.py)
 
 
 def kernel(fn: Callable) -> Any:

@@ -46,6 +46,7 @@ from cbgym.engine.layout import (
     STAND_N,
     STAND_ORDER,
     STAND_VICTIMS,
+    STRETCH,
     SWAP_BYTES,
     VICT_HAS,
     VICT_N,
@@ -55,6 +56,7 @@ from cbgym.engine.layout import (
 )
 from cbgym.engine.step_study import schedule_study
 from cbgym.engine.step_vllm import running_plan, schedule
+from cbgym.engine.stretch import decode_stretch
 from cbgym.engine.transitions import admit_arrivals, preempt, shed
 
 
@@ -125,6 +127,8 @@ def advance(s: State, p: Params) -> int:
             if not ci[KEYED]:
                 return AT_DECISION  # the plan in s is this point's plan
             rank_by_key(s)
+        if ci[STRETCH] and decode_stretch(s, p):
+            continue
         code = iterate(s, p, none)
         if code != AT_DECISION:
             return code

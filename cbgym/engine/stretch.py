@@ -1,0 +1,162 @@
+"""Decode stretches: many iterations of an unchanged decode batch in one pass.
+
+While every running request decodes one token, nobody can be admitted and nobody has to be
+preempted, an iteration has nothing to decide and differs from the previous one only in its
+clock and context lengths. :func:`decode_stretch` runs such iterations with per-step work
+independent of the batch size (the clock is still summed one iteration at a time, so times
+are bit for bit those of iterating), then updates each running request once. It stops before
+the step at which the next request arrives (FCFS behind a blocked head lets arrivals queue
+up instead), memory would run short, or after the step at which the first running request
+finishes. ``tests/test_engine_invariants.py`` checks it
+against plain iteration (``ci[STRETCH] = 0``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from cbgym.engine.execute import record, retire
+from cbgym.engine.jit import kernel
+from cbgym.engine.layout import (
+    ARRIVAL,
+    BLOCK_SIZE,
+    BUDGET,
+    CHUNKED,
+    COMPUTED,
+    CONSULT,
+    COST_KIND,
+    EVERY_ITERATION,
+    FREE,
+    GENERATED,
+    HELD,
+    HOST_TOKENS,
+    IDLE_TICKS,
+    ITERATION,
+    LAST_DT,
+    MAX_MODEL_LEN,
+    MAX_SEQS,
+    N_RUN,
+    N_WAIT,
+    NEVER,
+    NEXT_ARRIVAL,
+    NOW,
+    NUM_BLOCKS,
+    ORDER,
+    OUTPUT,
+    PAPER,
+    PLAN_DECODING,
+    PLAN_TOTAL,
+    PLAN_VALID,
+    PREEMPTED_NOW,
+    PROMPT,
+    RECORD,
+    RUN_Q,
+    SAMPLED,
+    SCHED_IDS,
+    SHORTFALL,
+    SWAP_BYTES,
+    TOKENS,
+    Params,
+    State,
+)
+from cbgym.engine.pricing import price
+from cbgym.engine.step_vllm import admission_candidates
+from cbgym.engine.transitions import admit_arrivals
+
+
+@kernel
+def head_blocked(s: State, p: Params) -> bool:
+    """Whether the standing order's first waiting request cannot be admitted now, and stays
+    so while the batch only decodes (memory only shrinks, the batch does not change)."""
+    si, ci = s.si, p.ci
+    if si[N_WAIT] == 0:
+        return True
+    if si[N_RUN] >= ci[MAX_SEQS]:
+        return True
+    if admission_candidates(s) == 0:
+        return True  # everything waiting is held back
+    head, bs = s.ids[ORDER, 0], ci[BLOCK_SIZE]
+    if ci[PAPER]:
+        return -(-(s.req[PROMPT, head] + s.req[OUTPUT, head]) // bs) > si[FREE]
+    total = s.req[TOKENS, head]
+    new = total - s.req[HOST_TOKENS, head]
+    if -(-total // bs) > ci[NUM_BLOCKS] or (not ci[CHUNKED] and new > ci[BUDGET]):
+        return False  # the next iteration sheds it and tries the next one
+    left = ci[BUDGET] - si[N_RUN]
+    if left <= 0 or (not ci[CHUNKED] and new > left):
+        return True
+    return -(-total // bs) > si[FREE] - si[PLAN_TOTAL]
+
+
+@kernel
+def decode_stretch(s: State, p: Params) -> bool:
+    """Run a stretch of at least two decode-only iterations if one starts now (the running
+    plan is current and nothing needs deciding); False, doing nothing, otherwise."""
+    si, ci, sf = s.si, p.ci, s.sf
+    n = si[N_RUN]
+    if ci[RECORD] or not si[PLAN_DECODING] or n > ci[BUDGET] or si[SHORTFALL] > 0:
+        return False
+    if si[N_WAIT] > 0 and (ci[CONSULT] >= EVERY_ITERATION or not head_blocked(s, p)):
+        return False
+    running = s.ids[RUN_Q]
+    computed, generated, tokens, output = (s.req[COMPUTED], s.req[GENERATED], s.req[TOKENS],
+                                           s.req[OUTPUT])
+    bs, mml = ci[BLOCK_SIZE], ci[MAX_MODEL_LEN]
+    # steps until the first completion (or max_model_len), and the batch's context
+    k = np.int64(1 << 62)
+    ctx = np.int64(0)
+    slack = np.zeros(bs, np.int64)  # requests by free slots left in their last block
+    for i in range(n):
+        rid = running[i]
+        k = min(k, output[rid] - generated[rid])
+        if mml >= 0:
+            k = min(k, mml - tokens[rid])
+        ctx += computed[rid]
+        slack[(-computed[rid]) % bs] += 1
+    if k < 2:
+        return False
+    # a request whose last block has r free slots needs a new block at steps r+1, r+1+bs, ...
+    arrival, nxt = s.times[ARRIVAL], si[NEXT_ARRIVAL]
+    t, free, steps = sf[NOW], si[FREE], np.int64(0)
+    si[SWAP_BYTES] = 0
+    si[PREEMPTED_NOW] = 0
+    dt = 0.0
+    while steps < k:
+        if nxt < len(arrival) and t >= arrival[nxt]:
+            if ci[CONSULT] != NEVER or si[N_WAIT] == 0:
+                break  # the next iteration may admit the arrival, or ask about it
+            # FCFS behind a blocked head: arrivals queue up behind it and change nothing
+            admit_arrivals(s, p)
+            nxt = si[NEXT_ARRIVAL]
+        need = 0 if ci[PAPER] else slack[steps % bs]
+        if need > free:
+            break  # memory runs short: the next iteration preempts
+        dt = price(ci[COST_KIND], p.cost, n, np.int64(0), n, n, ctx + n * steps, n,
+                   ctx + n * (steps + 1), np.int64(0))
+        begin = t
+        t = begin + dt
+        free -= need
+        si[FREE] = free
+        sf[NOW] = t
+        record(s, p, begin, dt, n, np.int64(0), n)
+        si[ITERATION] += 1
+        steps += 1
+    if steps == 0:
+        return False
+    held = s.req[HELD]
+    for i in range(n):
+        rid = running[i]
+        computed[rid] += steps
+        generated[rid] += steps
+        tokens[rid] += steps
+        if not ci[PAPER]:  # a decoding request holds exactly the blocks its tokens need
+            held[rid] = -(-computed[rid] // bs)
+    si[IDLE_TICKS] = 0
+    sf[LAST_DT] = dt
+    si[PLAN_VALID] = 0
+    sched_ids, sampled = s.ids[SCHED_IDS], s.ids[SAMPLED]
+    for i in range(n):  # the last step sampled a token for everyone
+        sched_ids[i] = running[i]
+        sampled[i] = 1
+    retire(s, p, n)
+    return True
