@@ -1,7 +1,7 @@
 """Environment steps per second: random agent and FCFS agent, single env and a vector of 2.
 
-Rows use the default (compiled) backend; the "(python)" rows time the Python reference it
-reproduces (``backend="python"``).
+Every step is one call of the compiled kernel (cbgym.env.kernel_ops); CartPole-v1, timed in
+the same run, is the reference.
 
 Gymnasium's CartPole-v1 is measured in the same run for comparison. Each row runs for
 ``--seconds`` of wall time (whole episodes restart as needed); "iter/s" counts engine iterations
@@ -179,11 +179,6 @@ def main() -> None:
             rows.append((short, label, "1", bench_single(env, agent, args.seconds, 0)))
             rows.append((short, label, "2 (sync)",
                          bench_vector(make(env_id), agent_name, args.seconds, 0)))
-    for agent_name in (None, "fcfs"):  # the Python reference the compiled backend reproduces
-        env = gym.make("cbgym/Scheduling-v0", backend="python", **kwargs)
-        agent = EnvAgent(agent_name, env) if agent_name else None
-        rows.append(("Scheduling-v0 (python)", agent_name or "random", "1",
-                     bench_single(env, agent, args.seconds, 0)))
     rows.append(("CartPole-v1", "random", "1", bench_cartpole(args.seconds, False)))
     rows.append(("CartPole-v1", "constant", "2 (sync)", bench_cartpole(args.seconds, True)))
 
