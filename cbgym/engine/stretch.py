@@ -49,6 +49,7 @@ from cbgym.engine.layout import (
     PLAN_VALID,
     PREEMPTED_NOW,
     PROMPT,
+    REC_N,
     RECORD,
     RUN_Q,
     SAMPLED,
@@ -122,6 +123,8 @@ def decode_stretch(s: State, p: Params) -> bool:
     si[PREEMPTED_NOW] = 0
     dt = 0.0
     while steps < k:
+        if si[REC_N] >= len(s.rec):
+            break  # the time-series buffer is full: the loop empties it first
         if nxt < len(arrival) and t >= arrival[nxt]:
             if ci[CONSULT] != NEVER or si[N_WAIT] == 0:
                 break  # the next iteration may admit the arrival, or ask about it
