@@ -121,3 +121,23 @@ def test_unpickled_env_uses_the_compiled_kernels_it_had() -> None:
     twin = pickle.loads(pickle.dumps(env))
     twin.step(twin.action_space.sample())
     assert len(ko.step_scores.signatures) == before
+
+
+def test_a_stretch_with_more_rows_than_the_buffer_holds() -> None:
+    """FCFS behind a blocked head: every arrival during a long decode opens a time-series
+    row, far more than the kernel's buffer holds in one stretch."""
+    n = 6000
+    arrival = np.concatenate(([0.0], np.linspace(0.01, 50.0, n)))
+    output = np.concatenate(([200_000], np.full(n, 2)))
+    trace = cbgym.Trace.from_arrays(arrival, np.full(n + 1, 16), output)
+    res = cbgym.simulate(trace, engine=make_config(num_kv_blocks=20_000, max_num_seqs=1))
+    ts = res.timeseries
+    assert (res.requests["status"] == "finished").all()
+    assert len(ts) > 4096 and np.all(np.diff(ts["start_s"].to_numpy()) > 0)
+    assert ts["num_iterations"].sum() == res.summary()["iterations"] == engine_iterations(res)
+    assert ts["num_waiting"].max() == n
+
+
+def engine_iterations(res: cbgym.SimulationResult) -> int:
+    """Iterations the run needed: one per output token here (prefill comes with the first)."""
+    return int(res.requests["output_tokens"].sum())
