@@ -143,13 +143,13 @@ class LearnedPolicy(Policy):
                  chosen_r: list[int] | None = None) -> dict[str, np.ndarray]:
         """The env's own observation of ``dp`` (its compiled encoder and windows)."""
         from cbgym.env import kernel_ops as ko
-        from cbgym.env.episode import _obs_dict
+        from cbgym.env.episode import obs_dict
 
         none = np.empty(0, np.int64)
         raw = ko.observe(dp.kernel_state, self._es, False,
                          none if not chosen_w else np.array(chosen_w, np.int64),
                          none if not chosen_r else np.array(chosen_r, np.int64))
-        return _obs_dict(raw)[0]
+        return obs_dict(raw)[0]
 
     def _windows(self, dp: DecisionPoint) -> tuple[np.ndarray, np.ndarray]:
         """Fix the visible windows at ``dp`` as the env does; (waiting ids, running ids)."""

@@ -196,7 +196,6 @@ class Engine:
 
     def run(self, entry: object, *args: object) -> int:
         """Call a bound kernel entry point on this engine and settle what it returned."""
-        self.make_room()
         return self.settle(entry(self.state, self.params, *args))  # type: ignore[operator]
 
     def settle(self, code: int) -> int:
@@ -214,17 +213,6 @@ class Engine:
                 "it would never drain the workload")
         self.drained = bool(code == L.DRAINED)
         return code
-
-    def make_room(self) -> None:
-        """Empty the kernel's buffers unless they hold one more iteration (the precondition
-        of its entry points)."""
-        s, si = self.state, self.state.si
-        full = si[L.REC_N] >= len(s.rec)
-        if self.recorder.record_batches:
-            rows = self.config.max_num_seqs  # an iteration schedules (preempts) at most these
-            full = full or si[L.BLOG_N] + rows > len(s.blog) or si[L.PLOG_N] + rows > len(s.plog)
-        if full:
-            self.recorder.flush()
 
     @property
     def done(self) -> bool:

@@ -149,8 +149,9 @@ def decide(s: State, p: Params, order: np.ndarray, has_order: bool, shed_ids: np
             (``has_victims``; else the most recently admitted first).
         evict: running ids to preempt before the iteration.
 
-    The order and victims stand until the policy is asked again; the caller guarantees room
-    for one iteration in the output buffers (:func:`has_room`).
+    The order and victims stand until the policy is asked again. The output buffers have
+    room for this iteration: :func:`advance` checks :func:`has_room` before it stops at a
+    decision point, so a decision point always has it.
     """
     si = s.si
     for rid in shed_ids:

@@ -29,7 +29,7 @@ _EMPTY = np.empty(0, np.int64)
 Obs = tuple[dict[str, np.ndarray], np.ndarray]
 
 
-def _obs_dict(arrays: tuple[np.ndarray, ...]) -> Obs:
+def obs_dict(arrays: tuple[np.ndarray, ...]) -> Obs:
     """The kernel's (global, waiting, waiting_mask, running, running_mask, waited) as the
     observation dict and the waited seconds."""
     g, w, wm, r, rm, waited = arrays
@@ -116,7 +116,6 @@ class Episode:
         if a is None or a.shape != (size,):
             a = np.ascontiguousarray(check_scores(action, size))  # or raises
         eng = self.engine
-        eng.make_room()
         code, obs, outcome = self._step_scores(eng.state, eng.params, self.es, a)
         if code == ko.INVALID_ACTION:
             check_scores(a, size)  # raises, naming the offending score
@@ -125,7 +124,6 @@ class Episode:
     def run(self, order: np.ndarray | None, victims: np.ndarray | None) -> StepOutcome:
         """Run the pending iteration under an admission order and victims (None: defaults)."""
         eng = self.engine
-        eng.make_room()
         code, obs, outcome = self._step_decision(
             eng.state, eng.params, self.es, _EMPTY if order is None else order,
             order is not None, _EMPTY, _EMPTY if victims is None else victims,
@@ -142,7 +140,7 @@ class Episode:
             except EngineStuckError:
                 self.stuck = True
             obs, outcome = self._finish(eng.state, self.es, eng.drained)
-        self._obs = _obs_dict(obs)
+        self._obs = obs_dict(obs)
         good, finished, shed, misses, latency, elapsed = outcome.tolist()
         comp = {"goodput": good, "ttft_miss": 0.0 - misses, "shed": 0.0 - shed,
                 "latency": 0.0 - latency}
@@ -161,6 +159,6 @@ class Episode:
         if self._obs is not None and not chosen_w and not chosen_r:
             obs, self._obs = self._obs, None
             return obs
-        return _obs_dict(self._observe(
+        return obs_dict(self._observe(
             self.engine.state, self.es, self.done, np.array(chosen_w or (), np.int64),
             np.array(chosen_r or (), np.int64)))
