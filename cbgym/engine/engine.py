@@ -96,7 +96,8 @@ class Engine:
         kvb = config.kv_bytes_per_token or 0
         host = int(config.swap_space_gib * _GIB // kvb) if kvb else 0
         self.state = s = L.new_state(trace.arrival_s, trace.prompt_tokens, trace.output_tokens,
-                                     config.num_kv_blocks, host, config.max_num_seqs)
+                                     config.num_kv_blocks, host, config.max_num_seqs,
+                                     config.block_size)
         if keys is not None:
             k = np.asarray(keys, dtype=np.float64)
             if k.shape != (len(trace),) or not np.isfinite(k).all():

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from cbgym.engine.jit import kernel
+from cbgym.engine.jit import no_alloc_kernel
 from cbgym.engine.kutil import end, keep_status, release
 from cbgym.engine.layout import (
     ARRIVAL,
@@ -51,7 +51,7 @@ from cbgym.engine.layout import (
 from cbgym.engine.pricing import price
 
 
-@kernel
+@no_alloc_kernel
 def record(s: State, p: Params, start: float, dt: float, tokens: int, prefill: int,
            decodes: int) -> None:
     """Write the iteration's time-series row: gauges as vLLM reports them, after scheduling
@@ -81,7 +81,7 @@ def record(s: State, p: Params, start: float, dt: float, tokens: int, prefill: i
     si[ROW_OPEN] = 1
 
 
-@kernel
+@no_alloc_kernel
 def retire(s: State, p: Params, m: int) -> None:
     """End the batch's requests that produced their last token (or reached max_model_len)."""
     mml = p.ci[MAX_MODEL_LEN]
@@ -104,7 +104,7 @@ def retire(s: State, p: Params, m: int) -> None:
             s.si[CHANGED] = 1
 
 
-@kernel
+@no_alloc_kernel
 def idle(s: State) -> int:
     """Nothing was scheduled (every waiting request held back): let time pass."""
     si, sf, arrival = s.si, s.sf, s.times[ARRIVAL]
@@ -121,7 +121,7 @@ def idle(s: State) -> int:
     return AT_DECISION
 
 
-@kernel
+@no_alloc_kernel
 def execute(s: State, p: Params, m: int) -> int:
     """Price the batch of ``m`` requests, advance the clock, produce tokens, retire."""
     si, sf = s.si, s.sf

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from cbgym.engine.jit import kernel
+from cbgym.engine.jit import no_alloc_kernel
 from cbgym.engine.layout import (
     FINISH,
     FINISH_ORDER,
@@ -24,7 +24,7 @@ from cbgym.engine.layout import (
 )
 
 
-@kernel
+@no_alloc_kernel
 def grow_to(s: State, block_size: int, rid: int, num_tokens: int) -> bool:
     """Make ``rid`` hold enough blocks for ``num_tokens``; False if memory is short."""
     held = s.req[HELD]
@@ -37,7 +37,7 @@ def grow_to(s: State, block_size: int, rid: int, num_tokens: int) -> bool:
     return True
 
 
-@kernel
+@no_alloc_kernel
 def release(s: State, rid: int) -> None:
     """Free every block ``rid`` holds."""
     held = s.req[HELD]
@@ -45,7 +45,7 @@ def release(s: State, rid: int) -> None:
     held[rid] = 0
 
 
-@kernel
+@no_alloc_kernel
 def end(s: State, rid: int, status: int, t: float, code: int) -> None:
     """Record that a request left the system (exactly once)."""
     assert s.req[STATUS, rid] < FINISHED, "a request ended twice"
@@ -58,7 +58,7 @@ def end(s: State, rid: int, status: int, t: float, code: int) -> None:
     s.si[NUM_ENDED] += 1
 
 
-@kernel
+@no_alloc_kernel
 def copy_ids(dst: np.ndarray, src: np.ndarray, n: int) -> None:
     """``dst[:n] = src[:n]`` as a loop (numba's slice assignment drags in string formatting
     for its shape-mismatch error, which costs a second of compile time)."""
@@ -66,7 +66,7 @@ def copy_ids(dst: np.ndarray, src: np.ndarray, n: int) -> None:
         dst[i] = src[i]
 
 
-@kernel
+@no_alloc_kernel
 def remove(queue: np.ndarray, n: int, rid: int) -> int:
     """Remove ``rid`` from the first n entries of ``queue``, keeping order; its position."""
     pos = 0
@@ -77,7 +77,7 @@ def remove(queue: np.ndarray, n: int, rid: int) -> int:
     return pos
 
 
-@kernel
+@no_alloc_kernel
 def keep_status(queue: np.ndarray, n: int, status: np.ndarray, keep: int) -> int:
     """Drop entries whose status is not ``keep``, keeping order; the new length."""
     m = 0
@@ -89,7 +89,7 @@ def keep_status(queue: np.ndarray, n: int, status: np.ndarray, keep: int) -> int
     return m
 
 
-@kernel
+@no_alloc_kernel
 def sort_by_key(ids: np.ndarray, n: int, key: np.ndarray, tmp: np.ndarray) -> None:
     """Sort ``ids[:n]`` by ``key[id]`` ascending, stably (a bottom-up merge sort).
 
@@ -126,7 +126,7 @@ def sort_by_key(ids: np.ndarray, n: int, key: np.ndarray, tmp: np.ndarray) -> No
         copy_ids(ids, tmp, n)
 
 
-@kernel
+@no_alloc_kernel
 def count_at_most(sorted_values: np.ndarray, x: float) -> int:
     """How many of ``sorted_values`` are <= x (``searchsorted(side="right")``)."""
     lo, hi = 0, len(sorted_values)

@@ -115,10 +115,12 @@ class State(NamedTuple):
     rec: np.ndarray  # (REC_ROWS, len(REC_COLUMNS)) time-series rows; first si[REC_N]
     blog: np.ndarray  # (rows, 3) batch log: iteration, request id, tokens; first si[BLOG_N]
     plog: np.ndarray  # (rows, 2) preemptions: iteration, request id; first si[PLOG_N]
+    slots: np.ndarray  # (block_size,) scratch: running requests by free slots in last block
 
 
 def new_state(arrival_s: np.ndarray, prompt: np.ndarray, output: np.ndarray,
-              num_blocks: int, host_free_tokens: int, max_seqs: int) -> State:
+              num_blocks: int, host_free_tokens: int, max_seqs: int,
+              block_size: int) -> State:
     """A fresh run's state. Every array is the state's own, C-contiguous and writeable, so a
     state always has the same numba type (an unpickled one included)."""
     n = len(arrival_s)
@@ -136,4 +138,4 @@ def new_state(arrival_s: np.ndarray, prompt: np.ndarray, output: np.ndarray,
     log_rows = max(LOG_ROWS, 4 * max_seqs)
     return State(req, times, np.zeros((13, n), np.int64), si, np.zeros(NUM_SF),
                  np.zeros((REC_ROWS, len(REC_COLUMNS))), np.zeros((log_rows, 3), np.int64),
-                 np.zeros((log_rows, 2), np.int64))
+                 np.zeros((log_rows, 2), np.int64), np.zeros(block_size, np.int64))

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from cbgym.engine.execute import execute
-from cbgym.engine.jit import kernel
+from cbgym.engine.jit import no_alloc_kernel
 from cbgym.engine.kutil import copy_ids, remove, sort_by_key
 from cbgym.engine.layout import (
     ALWAYS,
@@ -60,7 +60,7 @@ from cbgym.engine.stretch import decode_stretch
 from cbgym.engine.transitions import admit_arrivals, preempt, shed
 
 
-@kernel
+@no_alloc_kernel
 def iterate(s: State, p: Params, evict: np.ndarray) -> int:
     """Schedule and run one iteration under the standing decision, after evicting
     ``evict`` (running ids preempted voluntarily, e.g. by SRPT)."""
@@ -76,7 +76,7 @@ def iterate(s: State, p: Params, evict: np.ndarray) -> int:
     return execute(s, p, m)
 
 
-@kernel
+@no_alloc_kernel
 def rank_by_key(s: State) -> None:
     """A static-key policy's decision: the waiting queue sorted by key (ties: queue order),
     default victims. Exactly what the policy returns through the door."""
@@ -91,7 +91,7 @@ def rank_by_key(s: State) -> None:
     si[CHANGED] = 0
 
 
-@kernel
+@no_alloc_kernel
 def has_room(s: State, p: Params) -> bool:
     """Whether the output buffers hold one more iteration."""
     si = s.si
@@ -103,12 +103,12 @@ def has_room(s: State, p: Params) -> bool:
     return True
 
 
-@kernel
+@no_alloc_kernel
 def advance(s: State, p: Params) -> int:
     """Run iterations with nothing to decide; stop at a decision point, drained or full."""
     si, ci = s.si, p.ci
     n = s.times.shape[1]
-    none = np.empty(0, np.int64)
+    none = s.ids[SCRATCH, :0]  # no evictions
     while True:
         admit_arrivals(s, p)
         if si[N_RUN] == 0 and si[N_WAIT] == 0:
@@ -134,7 +134,7 @@ def advance(s: State, p: Params) -> int:
             return code
 
 
-@kernel
+@no_alloc_kernel
 def decide(s: State, p: Params, order: np.ndarray, has_order: bool, shed_ids: np.ndarray,
            shed_code: int, victims: np.ndarray, has_victims: bool, evict: np.ndarray,
            then_advance: bool) -> int:

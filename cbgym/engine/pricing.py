@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from cbgym.engine.jit import kernel
+from cbgym.engine.jit import no_alloc_kernel
 
 if TYPE_CHECKING:
     from cbgym.engine.cost_model import BatchStats, Number
@@ -30,7 +30,7 @@ LINEAR, ROOFLINE, TABLE = range(3)
 COST_KINDS = ("linear", "roofline", "table")
 
 
-@kernel
+@no_alloc_kernel
 def price(kind: int, c: np.ndarray, num_seqs: int, prefill_tokens: int, decode_seqs: int,
           sampled_seqs: int, attn_q_ctx: int, attn_q_sq: int, kv_tokens: int,
           swap_bytes: int) -> float:

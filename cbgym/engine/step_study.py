@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from cbgym.engine.jit import kernel
+from cbgym.engine.jit import no_alloc_kernel
 from cbgym.engine.kutil import copy_ids, grow_to, keep_status
 from cbgym.engine.layout import (
     BLOCK_SIZE,
@@ -35,7 +35,7 @@ from cbgym.engine.step_vllm import admission_candidates
 from cbgym.engine.transitions import start
 
 
-@kernel
+@no_alloc_kernel
 def schedule_study(s: State, p: Params) -> int:
     """One study iteration: admissions (a prefill step) or a decode step. The batch size."""
     si = s.si

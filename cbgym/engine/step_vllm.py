@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from cbgym.engine.jit import kernel
+from cbgym.engine.jit import no_alloc_kernel
 from cbgym.engine.kutil import copy_ids, grow_to, keep_status, remove
 from cbgym.engine.layout import (
     BLOCK_SIZE,
@@ -60,7 +60,7 @@ from cbgym.engine.layout import (
 from cbgym.engine.transitions import preempt, shed, start
 
 
-@kernel
+@no_alloc_kernel
 def running_plan(s: State, p: Params) -> None:
     """What serving the running batch would take this iteration (vLLM's running loop).
 
@@ -104,7 +104,7 @@ def running_plan(s: State, p: Params) -> None:
     si[PLAN_VALID] = 1
 
 
-@kernel
+@no_alloc_kernel
 def schedule_running_slow(s: State, p: Params, budget: int) -> tuple[int, int, bool]:
     """vLLM's running loop one request at a time, preempting when blocks run out.
 
@@ -157,7 +157,7 @@ def schedule_running_slow(s: State, p: Params, budget: int) -> tuple[int, int, b
     return m, budget, preempted
 
 
-@kernel
+@no_alloc_kernel
 def admission_candidates(s: State) -> int:
     """Fill ORDER with the waiting ids to try, in the standing order; how many.
 
@@ -178,7 +178,7 @@ def admission_candidates(s: State) -> int:
     return m
 
 
-@kernel
+@no_alloc_kernel
 def admit(s: State, p: Params, m: int, budget: int) -> int:
     """Admit waiting requests in order until one does not fit; the new batch size."""
     si, ci = s.si, p.ci
@@ -224,7 +224,7 @@ def admit(s: State, p: Params, m: int, budget: int) -> int:
     return m
 
 
-@kernel
+@no_alloc_kernel
 def schedule(s: State, p: Params) -> int:
     """One vLLM v1 scheduling pass: running first, then waiting. The batch size."""
     si, ci = s.si, p.ci

@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from cbgym.engine.execute import record, retire
-from cbgym.engine.jit import kernel
+from cbgym.engine.jit import no_alloc_kernel
 from cbgym.engine.layout import (
     ARRIVAL,
     BLOCK_SIZE,
@@ -65,7 +65,7 @@ from cbgym.engine.step_vllm import admission_candidates
 from cbgym.engine.transitions import admit_arrivals
 
 
-@kernel
+@no_alloc_kernel
 def head_blocked(s: State, p: Params) -> bool:
     """Whether the standing order's first waiting request cannot be admitted now, and stays
     so while the batch only decodes (memory only shrinks, the batch does not change)."""
@@ -89,7 +89,7 @@ def head_blocked(s: State, p: Params) -> bool:
     return -(-total // bs) > si[FREE] - si[PLAN_TOTAL]
 
 
-@kernel
+@no_alloc_kernel
 def decode_stretch(s: State, p: Params) -> bool:
     """Run a stretch of at least two decode-only iterations if one starts now (the running
     plan is current and nothing needs deciding); False, doing nothing, otherwise."""
@@ -106,7 +106,9 @@ def decode_stretch(s: State, p: Params) -> bool:
     # steps until the first completion (or max_model_len), and the batch's context
     k = np.int64(1 << 62)
     ctx = np.int64(0)
-    slack = np.zeros(bs, np.int64)  # requests by free slots left in their last block
+    slack = s.slots  # requests by free slots left in their last block
+    for r in range(bs):
+        slack[r] = 0
     for i in range(n):
         rid = running[i]
         k = min(k, output[rid] - generated[rid])
@@ -157,9 +159,10 @@ def decode_stretch(s: State, p: Params) -> bool:
     si[IDLE_TICKS] = 0
     sf[LAST_DT] = dt
     si[PLAN_VALID] = 0
-    sched_ids, sampled = s.ids[SCHED_IDS], s.ids[SAMPLED]
-    for i in range(n):  # the last step sampled a token for everyone
-        sched_ids[i] = running[i]
-        sampled[i] = 1
-    retire(s, p, n)
+    if steps == k:  # somebody finished (or reached max_model_len) at the last step
+        sched_ids, sampled = s.ids[SCHED_IDS], s.ids[SAMPLED]
+        for i in range(n):  # the last step sampled a token for everyone
+            sched_ids[i] = running[i]
+            sampled[i] = 1
+        retire(s, p, n)
     return True

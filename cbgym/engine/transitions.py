@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 
-from cbgym.engine.jit import kernel
+from cbgym.engine.jit import no_alloc_kernel
 from cbgym.engine.kutil import end, release, remove
 from cbgym.engine.layout import (
     ARRIVAL,
@@ -52,7 +52,7 @@ from cbgym.engine.layout import (
 )
 
 
-@kernel
+@no_alloc_kernel
 def admit_arrivals(s: State, p: Params) -> None:
     """Move every request that has arrived by now into the waiting queue, or shed it at once
     with the reason it can never be served by this engine."""
@@ -82,7 +82,7 @@ def admit_arrivals(s: State, p: Params) -> None:
     si[NEXT_ARRIVAL] = j
 
 
-@kernel
+@no_alloc_kernel
 def start(s: State, p: Params, rid: int, computed: int) -> None:
     """Admit ``rid`` into the running batch with ``computed`` tokens of KV (swapped in)."""
     si = s.si
@@ -98,7 +98,7 @@ def start(s: State, p: Params, rid: int, computed: int) -> None:
     si[N_RUN] += 1
 
 
-@kernel
+@no_alloc_kernel
 def preempt(s: State, p: Params, rid: int) -> None:
     """Evict ``rid`` (already out of the running queue): swap its KV to host if asked and
     there is room, else drop it for recomputation; re-queue it at the head, as vLLM does."""
@@ -127,7 +127,7 @@ def preempt(s: State, p: Params, rid: int) -> None:
         si[PLOG_N] += 1
 
 
-@kernel
+@no_alloc_kernel
 def shed(s: State, rid: int, code: int) -> None:
     """Drop a waiting or running request now: it ends with status SHED and reason ``code``."""
     si, req = s.si, s.req
