@@ -14,7 +14,7 @@ import numpy as np
 
 from cbgym.engine.execute import execute
 from cbgym.engine.jit import no_alloc_kernel
-from cbgym.engine.kutil import copy_ids, remove, sort_by_key
+from cbgym.engine.kutil import copy_ids, remove
 from cbgym.engine.layout import (
     ALWAYS,
     ARRIVAL,
@@ -24,7 +24,6 @@ from cbgym.engine.layout import (
     CONSULT,
     DRAINED,
     EVERY_ITERATION,
-    KEY,
     KEYED,
     MAX_SEQS,
     N_RUN,
@@ -50,12 +49,11 @@ from cbgym.engine.layout import (
     SWAP_BYTES,
     VICT_HAS,
     VICT_N,
-    WAIT_Q,
     Params,
     State,
 )
 from cbgym.engine.step_study import schedule_study
-from cbgym.engine.step_vllm import running_plan, schedule
+from cbgym.engine.step_vllm import rank_by_key, running_plan, schedule
 from cbgym.engine.stretch import decode_stretch
 from cbgym.engine.transitions import admit_arrivals, preempt, shed
 
@@ -74,21 +72,6 @@ def iterate(s: State, p: Params, evict: np.ndarray) -> int:
     m = schedule_study(s, p) if p.ci[PAPER] else schedule(s, p)
     si[PLAN_VALID] = 0
     return execute(s, p, m)
-
-
-@no_alloc_kernel
-def rank_by_key(s: State) -> None:
-    """A static-key policy's decision: the waiting queue sorted by key (ties: queue order),
-    default victims. Exactly what the policy returns through the door."""
-    si = s.si
-    n = si[N_WAIT]
-    si[STAND_HAS] = n > 0
-    si[STAND_N] = n
-    stand = s.ids[STAND_ORDER]
-    copy_ids(stand, s.ids[WAIT_Q], n)
-    sort_by_key(stand, n, s.times[KEY], s.ids[SCRATCH])
-    si[VICT_HAS] = 0
-    si[CHANGED] = 0
 
 
 @no_alloc_kernel

@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from cbgym.engine.jit import no_alloc_kernel
-from cbgym.engine.kutil import copy_ids, grow_to, keep_status, remove
+from cbgym.engine.kutil import copy_ids, grow_to, keep_status, remove, sort_by_key
 from cbgym.engine.layout import (
     BLOCK_SIZE,
     BUDGET,
@@ -25,6 +25,7 @@ from cbgym.engine.layout import (
     GENERATED,
     HELD,
     HOST_TOKENS,
+    KEY,
     MAX_MODEL_LEN,
     MAX_SEQS,
     N_RUN,
@@ -32,8 +33,11 @@ from cbgym.engine.layout import (
     NEVER_FIT,
     NUM_BLOCKS,
     ORDER,
+    OUTPUT,
     PAPER,
+    PLAN_CTX,
     PLAN_DECODING,
+    PLAN_LEFT,
     PLAN_NEED,
     PLAN_TOKENS,
     PLAN_TOTAL,
@@ -43,6 +47,7 @@ from cbgym.engine.layout import (
     RUNNING,
     SCHED_IDS,
     SCHED_TOKENS,
+    SCRATCH,
     SHORTFALL,
     STAND_HAS,
     STAND_N,
@@ -65,19 +70,28 @@ def running_plan(s: State, p: Params) -> None:
     """What serving the running batch would take this iteration (vLLM's running loop).
 
     Fills PLAN_TOKENS / PLAN_NEED per running slot and sets PLAN_TOTAL (new blocks),
-    SHORTFALL (blocks missing; 0 = everyone fits) and PLAN_DECODING (a pure decode batch).
+    SHORTFALL (blocks missing; 0 = everyone fits) and PLAN_DECODING (a pure decode batch);
+    for a decode stretch, also PLAN_LEFT (tokens until the first request finishes or reaches
+    max_model_len) and PLAN_CTX (the batch's computed tokens).
     """
     si, ci = s.si, p.ci
     running, plan_tokens, plan_need = s.ids[RUN_Q], s.ids[PLAN_TOKENS], s.ids[PLAN_NEED]
     tokens, computed, generated, held = (s.req[TOKENS], s.req[COMPUTED], s.req[GENERATED],
                                          s.req[HELD])
+    output, mml = s.req[OUTPUT], ci[MAX_MODEL_LEN]
     n = si[N_RUN]
     max_rem, min_gen = 0, 1
+    left, ctx = np.int64(1 << 62), np.int64(0)
     for i in range(n):
         rid = running[i]
         rem = tokens[rid] - computed[rid]
         max_rem = max(max_rem, rem) if i else rem
         min_gen = min(min_gen, generated[rid]) if i else generated[rid]
+        left = min(left, output[rid] - generated[rid])
+        if mml >= 0:
+            left = min(left, mml - tokens[rid])
+        ctx += computed[rid]
+    si[PLAN_LEFT], si[PLAN_CTX] = left, ctx
     # a request one token behind that has output is decoding; else it is (re)prefilling
     decoding = n > 0 and max_rem == 1 and min_gen > 0
     bs, budget = ci[BLOCK_SIZE], ci[BUDGET]
@@ -176,6 +190,21 @@ def admission_candidates(s: State) -> int:
             order[m] = stand[i]
             m += 1
     return m
+
+
+@no_alloc_kernel
+def rank_by_key(s: State) -> None:
+    """A static-key policy's decision: the waiting queue sorted by key (ties: queue order),
+    default victims. Exactly what the policy returns through the door."""
+    si = s.si
+    n = si[N_WAIT]
+    si[STAND_HAS] = n > 0
+    si[STAND_N] = n
+    stand = s.ids[STAND_ORDER]
+    copy_ids(stand, s.ids[WAIT_Q], n)
+    sort_by_key(stand, n, s.times[KEY], s.ids[SCRATCH])
+    si[VICT_HAS] = 0
+    si[CHANGED] = 0
 
 
 @no_alloc_kernel

@@ -5,8 +5,9 @@ preempted, an iteration has nothing to decide and differs from the previous one 
 clock and context lengths. :func:`decode_stretch` runs such iterations with per-step work
 independent of the batch size (the clock is still summed one iteration at a time, so times
 are bit for bit those of iterating), then updates each running request once. It stops before
-the step at which the next request arrives (FCFS behind a blocked head lets arrivals queue
-up instead), memory would run short, or after the step at which the first running request
+the step at which the next request arrives (unless the policy's answer is known in the kernel
+and the queue's head stays blocked: arrivals then queue up), memory would run short, or after
+the step at which the first running request
 finishes. ``tests/test_engine_invariants.py`` checks it
 against plain iteration (``ci[STRETCH] = 0``).
 """
@@ -21,6 +22,7 @@ from cbgym.engine.layout import (
     ARRIVAL,
     BLOCK_SIZE,
     BUDGET,
+    CHANGED,
     CHUNKED,
     COMPUTED,
     CONSULT,
@@ -32,8 +34,8 @@ from cbgym.engine.layout import (
     HOST_TOKENS,
     IDLE_TICKS,
     ITERATION,
+    KEYED,
     LAST_DT,
-    MAX_MODEL_LEN,
     MAX_SEQS,
     N_RUN,
     N_WAIT,
@@ -44,7 +46,9 @@ from cbgym.engine.layout import (
     ORDER,
     OUTPUT,
     PAPER,
+    PLAN_CTX,
     PLAN_DECODING,
+    PLAN_LEFT,
     PLAN_TOTAL,
     PLAN_VALID,
     PREEMPTED_NOW,
@@ -61,14 +65,15 @@ from cbgym.engine.layout import (
     State,
 )
 from cbgym.engine.pricing import price
-from cbgym.engine.step_vllm import admission_candidates
+from cbgym.engine.step_vllm import admission_candidates, rank_by_key
 from cbgym.engine.transitions import admit_arrivals
 
 
 @no_alloc_kernel
-def head_blocked(s: State, p: Params) -> bool:
-    """Whether the standing order's first waiting request cannot be admitted now, and stays
-    so while the batch only decodes (memory only shrinks, the batch does not change)."""
+def head_blocked(s: State, p: Params, need: int) -> bool:
+    """Whether the standing order's first waiting request cannot be admitted at an iteration
+    whose running batch takes ``need`` new blocks, and stays so while the batch only decodes
+    (memory only shrinks, the batch does not change)."""
     si, ci = s.si, p.ci
     if si[N_WAIT] == 0:
         return True
@@ -86,7 +91,7 @@ def head_blocked(s: State, p: Params) -> bool:
     left = ci[BUDGET] - si[N_RUN]
     if left <= 0 or (not ci[CHUNKED] and new > left):
         return True
-    return -(-total // bs) > si[FREE] - si[PLAN_TOTAL]
+    return -(-total // bs) > si[FREE] - need
 
 
 @no_alloc_kernel
@@ -97,29 +102,25 @@ def decode_stretch(s: State, p: Params) -> bool:
     n = si[N_RUN]
     if ci[RECORD] or not si[PLAN_DECODING] or n > ci[BUDGET] or si[SHORTFALL] > 0:
         return False
-    if si[N_WAIT] > 0 and (ci[CONSULT] >= EVERY_ITERATION or not head_blocked(s, p)):
+    if si[N_WAIT] > 0 and (ci[CONSULT] >= EVERY_ITERATION
+                           or not head_blocked(s, p, si[PLAN_TOTAL])):
         return False
     running = s.ids[RUN_Q]
-    computed, generated, tokens, output = (s.req[COMPUTED], s.req[GENERATED], s.req[TOKENS],
-                                           s.req[OUTPUT])
-    bs, mml = ci[BLOCK_SIZE], ci[MAX_MODEL_LEN]
+    computed, generated, tokens = s.req[COMPUTED], s.req[GENERATED], s.req[TOKENS]
+    bs = ci[BLOCK_SIZE]
     # steps until the first completion (or max_model_len), and the batch's context
-    k = np.int64(1 << 62)
-    ctx = np.int64(0)
-    slack = s.slots  # requests by free slots left in their last block
-    for r in range(bs):
-        slack[r] = 0
-    for i in range(n):
-        rid = running[i]
-        k = min(k, output[rid] - generated[rid])
-        if mml >= 0:
-            k = min(k, mml - tokens[rid])
-        ctx += computed[rid]
-        slack[(-computed[rid]) % bs] += 1
+    k, ctx = si[PLAN_LEFT], si[PLAN_CTX]
     if k < 2:
         return False
+    slack = s.slots  # requests by free slots left in their last block (vLLM mode)
+    if not ci[PAPER]:
+        for r in range(bs):
+            slack[r] = 0
+        for i in range(n):
+            slack[(-computed[running[i]]) % bs] += 1
     # a request whose last block has r free slots needs a new block at steps r+1, r+1+bs, ...
     arrival, nxt = s.times[ARRIVAL], si[NEXT_ARRIVAL]
+    keyed = ci[KEYED] != 0 and ci[CONSULT] < EVERY_ITERATION
     t, free, steps = sf[NOW], si[FREE], np.int64(0)
     si[SWAP_BYTES] = 0
     si[PREEMPTED_NOW] = 0
@@ -127,13 +128,19 @@ def decode_stretch(s: State, p: Params) -> bool:
     while steps < k:
         if si[REC_N] >= len(s.rec):
             break  # the time-series buffer is full: the loop empties it first
+        need = 0 if ci[PAPER] else slack[steps % bs]
         if nxt < len(arrival) and t >= arrival[nxt]:
-            if ci[CONSULT] != NEVER or si[N_WAIT] == 0:
-                break  # the next iteration may admit the arrival, or ask about it
-            # FCFS behind a blocked head: arrivals queue up behind it and change nothing
+            # Arrivals join the queue here, as at the next iteration's start. The stretch
+            # goes on when the policy's answer is known in the kernel (FCFS, or a static key)
+            # and the queue's head still cannot be admitted.
+            if ci[CONSULT] != NEVER and not keyed:
+                break  # the policy is asked about the arrival
             admit_arrivals(s, p)
             nxt = si[NEXT_ARRIVAL]
-        need = 0 if ci[PAPER] else slack[steps % bs]
+            if keyed and si[CHANGED]:
+                rank_by_key(s)
+            if not head_blocked(s, p, need):
+                break  # the next iteration admits
         if need > free:
             break  # memory runs short: the next iteration preempts
         dt = price(ci[COST_KIND], p.cost, n, np.int64(0), n, n, ctx + n * steps, n,
