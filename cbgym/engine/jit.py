@@ -14,6 +14,10 @@ NOTE on literals: numba compiles a kernel once per *literal* value a Python int 
 takes (``f(s, 0)`` and ``f(s, n)`` are two compilations). The kernels' constants are numpy
 ints (``cbgym.engine.layout``) and counters that flow into calls start as ``np.int64(0)``.
 
+NOTE on speed: the engine's kernels allocate no arrays (scratch lives in the state), so they
+are compiled without reference counting (:func:`no_alloc_kernel`); the env's kernels, which
+return fresh observation arrays, keep it.
+
 NOTE on compile time: numba optimises each function together with everything it calls, so
 the cost grows with the depth of the call graph, not with the number of functions. The
 kernels keep it shallow: entry points call a few phases, phases call small leaves.
