@@ -25,8 +25,10 @@ from cbgym.env.action import (
     check_discrete,
     check_scores,
 )
+from cbgym.env.arguments import check_args, check_load
 from cbgym.env.episode import Episode
 from cbgym.env.observation import observation_space
+from cbgym.env.render import render_text
 from cbgym.env.reward import COMPONENTS, RewardWeights, StepOutcome
 from cbgym.metrics import SLO, SimulationResult, SLOSpec, slo_arrays
 from cbgym.workload.trace import Trace
@@ -254,11 +256,11 @@ class SchedulingEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
     ) -> None:
         if invalid_action not in ("raise", "noop"):
             raise ValueError(f"invalid_action={invalid_action!r}: expected 'raise' or 'noop'")
-        _check_args(K, R, episode_requests, window_rule, hold_threshold, shed_threshold,
+        check_args(K, R, episode_requests, window_rule, hold_threshold, shed_threshold,
                     max_steps, render_mode, self.metadata["render_modes"])
         self._trace_arg = DEFAULT_TRACE if trace is None else trace
         self._base: Trace | None = trace if isinstance(trace, Trace) else None
-        self.load = _check_load(load)
+        self.load = check_load(load)
         self.config = engine if engine is not None else EngineConfig()
         self.episode_requests = episode_requests
         self.window_start_range = window_start_range
@@ -545,30 +547,7 @@ class SchedulingEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
             return None
         if not self._started:
             return "SchedulingEnv: call reset()\n"
-        return _render_text(self)
-
-
-def _render_text(env: SchedulingEnv) -> str:
-    eng, dp = env.engine, env.decision_point
-    kv = eng.kv
-    head = (f"t={eng.now:9.3f}s  iteration {eng.iteration}  step {env._steps}  "
-            f"KV {kv.used}/{kv.num_blocks} blocks ({100 * kv.usage:5.1f}%)  "
-            f"preemptions {eng.total_preemptions}  finished {eng.req.num_finished}"
-            f"/{eng.req.n}")
-    if dp is None:
-        return head + "\n(drained)\n"
-    short = f"  SHORTFALL {dp.shortfall_blocks} blocks" if dp.shortfall_blocks else ""
-    w_ids, r_ids = env.visible_waiting_ids, env.visible_running_ids
-    lines = [head, f"waiting {len(dp.waiting)} ({len(w_ids)} visible){short}"]
-    cols = "  slot      id  prompt  computed  generated  in_sys_s  preempt"
-    for title, ids in (("waiting", w_ids), ("running", r_ids)):
-        lines.append(f"{title}:{cols}")
-        for slot, rid in enumerate(ids.tolist()):
-            lines.append(
-                f"{'':8}{slot:6d}{rid:8d}{int(dp.prompt_tokens[rid]):8d}"
-                f"{int(dp.num_computed[rid]):10d}{int(dp.num_generated[rid]):11d}"
-                f"{dp.now - dp.arrival_s[rid]:10.3f}{int(dp.num_preemptions[rid]):9d}")
-    return "\n".join(lines) + "\n"
+        return render_text(self)
 
 
 class SchedulingMaskedEnv(SchedulingEnv):
@@ -582,36 +561,3 @@ class SchedulingMaskedEnv(SchedulingEnv):
         if "masked" in kwargs:
             raise TypeError("SchedulingMaskedEnv is always masked; do not pass masked=")
         super().__init__(masked=True, **kwargs)
-
-
-def _check_load(load: object) -> float | tuple[float, float] | None:
-    if load is None:
-        return None
-    if isinstance(load, tuple | list):
-        if len(load) != 2 or not 0 < float(load[0]) <= float(load[1]):
-            raise ValueError(f"load={load!r}: expected a float > 0 or (lo, hi) with 0 < lo <= hi")
-        return (float(load[0]), float(load[1]))
-    if not float(load) > 0:  # type: ignore[arg-type]
-        raise ValueError(f"load={load!r}: expected > 0")
-    return float(load)  # type: ignore[arg-type]
-
-
-def _check_args(K: int, R: int, episode_requests: int, window_rule: str, hold: float,
-                shed: float | None, max_steps: int | None, render_mode: str | None,
-                render_modes: list[str]) -> None:
-    if K < 1 or R < 1:
-        raise ValueError(f"K={K}, R={R}: need at least one waiting and one running slot")
-    if episode_requests < 2:
-        raise ValueError(f"episode_requests={episode_requests}: need at least 2")
-    if window_rule not in ("oldest", "smallest_prompt"):
-        raise ValueError(f"window_rule={window_rule!r}: expected 'oldest' or 'smallest_prompt'")
-    if not -1.0 <= hold <= 1.0:
-        raise ValueError(f"hold_threshold={hold}: expected a score in [-1, 1]")
-    if shed is not None and not -1.0 <= shed < hold:
-        raise ValueError(f"shed_threshold={shed}: expected None or a score in [-1, "
-                         f"hold_threshold={hold})")
-    if max_steps is not None and max_steps < 1:
-        raise ValueError(f"max_steps={max_steps}: expected None or >= 1")
-    if render_mode is not None and render_mode not in render_modes:
-        raise ValueError(f"render_mode={render_mode!r}: supported {render_modes}")
-
