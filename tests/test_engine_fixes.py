@@ -5,7 +5,9 @@
 3. a policy or agent holding every waiting request with nothing running: ``simulate`` raises
    a clear error naming the policy, the env truncates the episode (and can be reset);
 4. memory follows the workload's events, not output lengths;
-5. unpickling an env binds to the compiled kernels it had (no second compilation).
+5. unpickling an env binds to the compiled kernels it had (no second compilation);
+6. an edit to any kernel module empties the compiled-kernel caches (numba itself checks a
+   kernel's own file only, not the callees inlined into it).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from hypothesis import strategies as st
 
 import cbgym
 from cbgym.engine import Decision, DecisionPoint, Engine, EngineStuckError, Policy
+from cbgym.engine import jit
 from cbgym.engine.layout import MAX_IDLE_TICKS
 from cbgym.env import SchedulingEnv
 from cbgym.env import kernel_ops as ko
@@ -141,3 +144,21 @@ def test_a_stretch_with_more_rows_than_the_buffer_holds() -> None:
 def engine_iterations(res: cbgym.SimulationResult) -> int:
     """Iterations the run needed: one per output token here (prefill comes with the first)."""
     return int(res.requests["output_tokens"].sum())
+
+
+def test_the_cache_stamp_covers_every_kernel_module_and_what_they_import() -> None:
+    names = {str(p.relative_to(jit.PACKAGE)) for p in jit.kernel_sources()}
+    assert {"engine/loop.py", "engine/stretch.py", "engine/execute.py", "engine/layout.py",
+            "engine/jit.py", "env/kernel_ops.py"} <= names
+    assert "simulate.py" not in names and "env/core.py" not in names
+
+
+def test_a_changed_stamp_empties_the_cache_folder(tmp_path) -> None:
+    for name in ("loop.advance-89.py311.nbi", "loop.advance-89.py311.1.nbc"):
+        (tmp_path / name).write_bytes(b"x")
+    (tmp_path / "other.txt").write_text("kept")
+    assert jit.drop_stale(tmp_path, "stamp-1") == 2  # no stamp yet: stale
+    assert sorted(p.name for p in tmp_path.iterdir()) == [jit.STAMP_FILE, "other.txt"]
+    (tmp_path / "loop.advance-89.py311.nbi").write_bytes(b"x")
+    assert jit.drop_stale(tmp_path, "stamp-1") == 0  # same sources: the cache stays
+    assert jit.drop_stale(tmp_path, "stamp-2") == 1  # a kernel module changed

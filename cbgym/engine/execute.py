@@ -53,9 +53,10 @@ from cbgym.engine.pricing import price
 
 @no_alloc_kernel
 def record(s: State, p: Params, start: float, dt: float, tokens: int, prefill: int,
-           decodes: int) -> None:
-    """Write the iteration's time-series row: gauges as vLLM reports them, after scheduling
-    and before finished requests are freed.
+           decodes: int, count: int) -> None:
+    """Write the time-series row of ``count`` equal iterations from ``start`` lasting ``dt``
+    in all: gauges as vLLM reports them, after scheduling and before finished requests are
+    freed.
 
     Without a batch log, an iteration that repeats the previous row's pure decode batch
     (same queue, batch and tokens, no preemption) extends that row instead: a long decode
@@ -71,32 +72,37 @@ def record(s: State, p: Params, start: float, dt: float, tokens: int, prefill: i
                 and last[5] == tokens and last[7] == decodes):
             last[1] = s.sf[NOW] - last[0]
             last[4] = kv_used
-            last[9] += 1
+            last[9] += count
             return
     row = s.rec[n]
     row[0], row[1], row[2], row[3] = start, dt, si[N_WAIT], si[N_RUN]
     row[4], row[5], row[6], row[7] = kv_used, tokens, prefill, decodes
-    row[8], row[9] = si[PREEMPTED_NOW], 1
+    row[8], row[9] = si[PREEMPTED_NOW], count
     si[REC_N] = n + 1
     si[ROW_OPEN] = 1
 
 
 @no_alloc_kernel
+def finished(s: State, p: Params, rid: int) -> bool:
+    """End ``rid`` if it just produced its last token (or reached max_model_len)."""
+    mml = p.ci[MAX_MODEL_LEN]
+    generated, output, tokens = s.req[GENERATED], s.req[OUTPUT], s.req[TOKENS]
+    full = generated[rid] >= output[rid]
+    capped = mml >= 0 and tokens[rid] >= mml and not full
+    if not (full or capped):
+        return False
+    end(s, rid, FINISHED, s.sf[NOW], R_MML if capped else 0)
+    release(s, rid)
+    return True
+
+
+@no_alloc_kernel
 def retire(s: State, p: Params, m: int) -> None:
     """End the batch's requests that produced their last token (or reached max_model_len)."""
-    mml = p.ci[MAX_MODEL_LEN]
     sched_ids, sampled = s.ids[SCHED_IDS], s.ids[SAMPLED]
-    generated, output, tokens = s.req[GENERATED], s.req[OUTPUT], s.req[TOKENS]
     ended = False
     for j in range(m):
-        if not sampled[j]:
-            continue
-        rid = sched_ids[j]
-        full = generated[rid] >= output[rid]
-        capped = mml >= 0 and tokens[rid] >= mml and not full
-        if full or capped:
-            end(s, rid, FINISHED, s.sf[NOW], R_MML if capped else 0)
-            release(s, rid)
+        if sampled[j] and finished(s, p, sched_ids[j]):
             ended = True
     if ended:
         s.si[N_RUN] = keep_status(s.ids[RUN_Q], s.si[N_RUN], s.req[STATUS], RUNNING)
@@ -157,7 +163,7 @@ def execute(s: State, p: Params, m: int) -> int:
             tokens[rid] += 1
             if generated[rid] == 1:
                 first_token[rid] = sf[NOW]
-    record(s, p, begin, dt, num_tokens, num_tokens - num_decode, num_decode)
+    record(s, p, begin, dt, num_tokens, num_tokens - num_decode, num_decode, np.int64(1))
     if p.ci[RECORD]:
         for j in range(m):
             row = s.blog[si[BLOG_N] + j]

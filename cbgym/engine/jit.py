@@ -10,6 +10,12 @@ writable (a system-wide install), in the user's cache folder (numba's user-wide 
 wherever ``NUMBA_CACHE_DIR`` points. The first use on a machine compiles; :func:`bind` prints
 one line on stderr when it has to, so a researcher knows why the first step takes seconds.
 
+NOTE on stale caches: numba checks a cached kernel against its own source file only, so an
+edit to a function it calls (inlined into its machine code) in another file would go
+unnoticed and the old code would keep running. :func:`drop_stale` therefore stamps each cache
+folder with a hash of every kernel module and every cbgym module they import (constants are
+frozen into the code too), and empties the folder's kernel files when the stamp changes.
+
 NOTE on literals: numba compiles a kernel once per *literal* value a Python int argument
 takes (``f(s, 0)`` and ``f(s, n)`` are two compilations). The kernels' constants are numpy
 ints (``cbgym.engine.layout``) and counters that flow into calls start as ``np.int64(0)``.
@@ -25,8 +31,12 @@ kernels keep it shallow: entry points call a few phases, phases call small leave
 
 from __future__ import annotations
 
+import functools
+import hashlib
+import re
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numba
@@ -35,18 +45,79 @@ import numpy as np
 _BOUND: dict[tuple, Any] = {}
 _ANNOUNCED = False
 COLD_START_HINT_S = 20  # what the notice promises on a 2-core machine (bench_cold_start.py)
+PACKAGE = Path(__file__).resolve().parents[1]
+STAMP_FILE = "cbgym-kernels.stamp"
+_DEFINES_KERNEL = re.compile(r"^@(no_alloc_)?kernel$", re.M)
+_IMPORTS = re.compile(r"^from (cbgym(?:\.\w+)+) import", re.M)
+_CHECKED: set[str] = set()
 
 
 def kernel(fn: Callable) -> Any:
     """Compile ``fn`` with numba (nopython, cached on disk)."""
-    return numba.njit(cache=True, nogil=True)(fn)
+    return _fresh(numba.njit(cache=True, nogil=True)(fn))
 
 
 def no_alloc_kernel(fn: Callable) -> Any:
     """:func:`kernel` for a function that allocates no array: compiled without numba's
     reference counting, whose atomic increments on every array view otherwise dominate the
     per-iteration path (measured: 60% of an engine run)."""
-    return numba.njit(cache=True, nogil=True, _nrt=False)(fn)
+    return _fresh(numba.njit(cache=True, nogil=True, _nrt=False)(fn))
+
+
+def kernel_sources(package: Path = PACKAGE) -> list[Path]:
+    """The files compiled kernels are made of: every module that defines a kernel and every
+    cbgym module such a module imports."""
+    files = set()
+    for path in package.rglob("*.py"):
+        text = path.read_text(encoding="utf-8")
+        if _DEFINES_KERNEL.search(text):
+            files.add(path)
+            for mod in _IMPORTS.findall(text):
+                dep = package.parent.joinpath(*mod.split("."))
+                files.update(p for p in (dep.with_suffix(".py"), dep / "__init__.py")
+                             if p.is_file())
+    return sorted(files)
+
+
+@functools.lru_cache(maxsize=1)
+def sources_stamp() -> str:
+    """A hash of :func:`kernel_sources`: their names and contents."""
+    h = hashlib.sha256()
+    for path in kernel_sources():
+        h.update(str(path.relative_to(PACKAGE)).encode())
+        h.update(path.read_bytes())
+    return h.hexdigest()
+
+
+def drop_stale(folder: Path, stamp: str) -> int:
+    """Delete numba's cache files in ``folder`` unless it carries ``stamp``, then stamp it;
+    the number of files deleted. A folder that cannot be written is left alone (numba then
+    does not cache there either)."""
+    marker = folder / STAMP_FILE
+    try:
+        if marker.read_text() == stamp:
+            return 0
+    except OSError:
+        pass
+    deleted = 0
+    try:
+        for path in folder.glob("*.nb[ic]"):
+            path.unlink(missing_ok=True)
+            deleted += 1
+        marker.write_text(stamp)
+    except OSError:
+        pass
+    return deleted
+
+
+def _fresh(dispatcher: Any) -> Any:
+    """Check ``dispatcher``'s cache folder against the kernels' sources (once per folder)."""
+    cache = getattr(dispatcher, "_cache", None)  # none with NUMBA_DISABLE_JIT=1
+    folder = getattr(cache, "cache_path", None)
+    if folder and folder not in _CHECKED:
+        _CHECKED.add(folder)
+        drop_stale(Path(folder), sources_stamp())
+    return dispatcher
 
 
 def _layout(x: object) -> object:

@@ -72,7 +72,8 @@ def running_plan(s: State, p: Params) -> None:
     Fills PLAN_TOKENS / PLAN_NEED per running slot and sets PLAN_TOTAL (new blocks),
     SHORTFALL (blocks missing; 0 = everyone fits) and PLAN_DECODING (a pure decode batch);
     for a decode stretch, also PLAN_LEFT (tokens until the first request finishes or reaches
-    max_model_len) and PLAN_CTX (the batch's computed tokens).
+    max_model_len) and PLAN_CTX (the batch's computed tokens). In the study's mode only the
+    batch-wide figures are set.
     """
     si, ci = s.si, p.ci
     running, plan_tokens, plan_need = s.ids[RUN_Q], s.ids[PLAN_TOKENS], s.ids[PLAN_NEED]
@@ -94,15 +95,19 @@ def running_plan(s: State, p: Params) -> None:
     si[PLAN_LEFT], si[PLAN_CTX] = left, ctx
     # a request one token behind that has output is decoding; else it is (re)prefilling
     decoding = n > 0 and max_rem == 1 and min_gen > 0
+    si[PLAN_DECODING], si[PLAN_VALID] = decoding, 1
+    if ci[PAPER]:
+        # The study's decode step serves every running request, its KV reserved at
+        # admission: no slot needs a block (PLAN_NEED stays zero, as new_state made it).
+        si[PLAN_TOTAL], si[SHORTFALL] = 0, 0
+        return
     bs, budget = ci[BLOCK_SIZE], ci[BUDGET]
     total = before = np.int64(0)
     for i in range(n):
         rid = running[i]
         c = computed[rid]
         rem = tokens[rid] - c
-        if ci[PAPER]:  # the study's decode step serves every running request, KV reserved
-            tok, need = rem, 0
-        elif decoding and n <= budget:
+        if decoding and n <= budget:
             # a decoding request holds exactly ceil(computed / block_size) blocks, so its
             # next token needs a new block exactly when its last block is full
             tok, need = rem, 1 if c % bs == 0 else 0
@@ -113,9 +118,8 @@ def running_plan(s: State, p: Params) -> None:
         plan_tokens[i] = tok
         plan_need[i] = need
         total += need
-    si[PLAN_TOTAL], si[PLAN_DECODING] = total, decoding
+    si[PLAN_TOTAL] = total
     si[SHORTFALL] = max(total - si[FREE], 0)
-    si[PLAN_VALID] = 1
 
 
 @no_alloc_kernel

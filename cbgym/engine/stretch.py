@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from cbgym.engine.execute import record, retire
+from cbgym.engine.execute import finished, record
 from cbgym.engine.jit import no_alloc_kernel
 from cbgym.engine.layout import (
     ARRIVAL,
@@ -43,6 +43,7 @@ from cbgym.engine.layout import (
     NEXT_ARRIVAL,
     NOW,
     NUM_BLOCKS,
+    ON_COMPLETION,
     ORDER,
     OUTPUT,
     PAPER,
@@ -56,8 +57,6 @@ from cbgym.engine.layout import (
     REC_N,
     RECORD,
     RUN_Q,
-    SAMPLED,
-    SCHED_IDS,
     SHORTFALL,
     SWAP_BYTES,
     TOKENS,
@@ -95,6 +94,18 @@ def head_blocked(s: State, p: Params, need: int) -> bool:
 
 
 @no_alloc_kernel
+def end_segment(s: State, p: Params, free: int, t: float, begin: float, steps: int,
+                dt: float) -> None:
+    """Bring the state's clock and free blocks up to ``t`` and write the time-series row of
+    the ``steps`` decode iterations since ``begin`` (the last one lasting ``dt``)."""
+    s.si[FREE] = free
+    s.sf[NOW] = t
+    if steps:
+        n = s.si[N_RUN]
+        record(s, p, begin, dt if steps == 1 else t - begin, n, np.int64(0), n, steps)
+
+
+@no_alloc_kernel
 def decode_stretch(s: State, p: Params) -> bool:
     """Run a stretch of at least two decode-only iterations if one starts now (the running
     plan is current and nothing needs deciding); False, doing nothing, otherwise."""
@@ -121,13 +132,16 @@ def decode_stretch(s: State, p: Params) -> bool:
     # a request whose last block has r free slots needs a new block at steps r+1, r+1+bs, ...
     arrival, nxt = s.times[ARRIVAL], si[NEXT_ARRIVAL]
     keyed = ci[KEYED] != 0 and ci[CONSULT] < EVERY_ITERATION
+    if si[REC_N] >= len(s.rec):
+        return False  # the time-series buffer is full: the loop empties it first
     t, free, steps = sf[NOW], si[FREE], np.int64(0)
     si[SWAP_BYTES] = 0
     si[PREEMPTED_NOW] = 0
+    # The iterations between two arrivals have equal gauges: one time-series row (a
+    # segment) each, written when the segment ends rather than once per iteration.
+    seg_begin, seg_steps = t, np.int64(0)
     dt = 0.0
     while steps < k:
-        if si[REC_N] >= len(s.rec):
-            break  # the time-series buffer is full: the loop empties it first
         need = 0 if ci[PAPER] else slack[steps % bs]
         if nxt < len(arrival) and t >= arrival[nxt]:
             # Arrivals join the queue here, as at the next iteration's start. The stretch
@@ -135,6 +149,10 @@ def decode_stretch(s: State, p: Params) -> bool:
             # and the queue's head still cannot be admitted.
             if ci[CONSULT] != NEVER and not keyed:
                 break  # the policy is asked about the arrival
+            end_segment(s, p, free, t, seg_begin, seg_steps, dt)
+            seg_begin, seg_steps = t, np.int64(0)
+            if si[REC_N] >= len(s.rec):
+                break  # the time-series buffer is full: the loop empties it first
             admit_arrivals(s, p)
             nxt = si[NEXT_ARRIVAL]
             if keyed and si[CHANGED]:
@@ -145,17 +163,17 @@ def decode_stretch(s: State, p: Params) -> bool:
             break  # memory runs short: the next iteration preempts
         dt = price(ci[COST_KIND], p.cost, n, np.int64(0), n, n, ctx + n * steps, n,
                    ctx + n * (steps + 1), np.int64(0))
-        begin = t
-        t = begin + dt
+        t += dt
         free -= need
-        si[FREE] = free
-        sf[NOW] = t
-        record(s, p, begin, dt, n, np.int64(0), n)
-        si[ITERATION] += 1
         steps += 1
+        seg_steps += 1
+    end_segment(s, p, free, t, seg_begin, seg_steps, dt)
+    si[ITERATION] += steps
     if steps == 0:
         return False
     held = s.req[HELD]
+    last = steps == k  # somebody finishes (or reaches max_model_len) at the last step
+    m = 0  # the running queue, compacted in place as requests finish
     for i in range(n):
         rid = running[i]
         computed[rid] += steps
@@ -163,13 +181,14 @@ def decode_stretch(s: State, p: Params) -> bool:
         tokens[rid] += steps
         if not ci[PAPER]:  # a decoding request holds exactly the blocks its tokens need
             held[rid] = -(-computed[rid] // bs)
+        if last and finished(s, p, rid):
+            continue
+        running[m] = rid
+        m += 1
+    si[N_RUN] = m
+    if m < n and ci[CONSULT] == ON_COMPLETION:
+        si[CHANGED] = 1
     si[IDLE_TICKS] = 0
     sf[LAST_DT] = dt
     si[PLAN_VALID] = 0
-    if steps == k:  # somebody finished (or reached max_model_len) at the last step
-        sched_ids, sampled = s.ids[SCHED_IDS], s.ids[SAMPLED]
-        for i in range(n):  # the last step sampled a token for everyone
-            sched_ids[i] = running[i]
-            sampled[i] = 1
-        retire(s, p, n)
     return True
