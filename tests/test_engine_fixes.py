@@ -24,8 +24,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import cbgym
-from cbgym.engine import Decision, DecisionPoint, Engine, EngineStuckError, Policy
-from cbgym.engine import jit
+from cbgym.engine import Decision, DecisionPoint, Engine, EngineStuckError, Policy, jit
 from cbgym.engine.layout import MAX_IDLE_TICKS
 from cbgym.env import SchedulingEnv
 from cbgym.env import kernel_ops as ko

@@ -65,6 +65,12 @@ def compile_params(config: EngineConfig, consult: str, keyed: bool, record: bool
     return L.Params(ci, coef)
 
 
+def host_swap_tokens(config: EngineConfig) -> int:
+    """KV tokens the host's swap space holds (0 without a KV size per token)."""
+    kvb = config.kv_bytes_per_token or 0
+    return int(config.swap_space_gib * _GIB // kvb) if kvb else 0
+
+
 class Engine:
     """A serving instance replaying ``trace`` under ``config``.
 
@@ -93,11 +99,9 @@ class Engine:
         self.consult = consult
         self.params = compile_params(config, consult, keys is not None, record_iterations,
                                      decode_stretches)
-        kvb = config.kv_bytes_per_token or 0
-        host = int(config.swap_space_gib * _GIB // kvb) if kvb else 0
         self.state = s = L.new_state(trace.arrival_s, trace.prompt_tokens, trace.output_tokens,
-                                     config.num_kv_blocks, host, config.max_num_seqs,
-                                     config.block_size)
+                                     config.num_kv_blocks, host_swap_tokens(config),
+                                     config.max_num_seqs, config.block_size)
         if keys is not None:
             k = np.asarray(keys, dtype=np.float64)
             if k.shape != (len(trace),) or not np.isfinite(k).all():

@@ -47,7 +47,7 @@ _ANNOUNCED = False
 COLD_START_HINT_S = 20  # what the notice promises on a 2-core machine (bench_cold_start.py)
 PACKAGE = Path(__file__).resolve().parents[1]
 STAMP_FILE = "cbgym-kernels.stamp"
-_DEFINES_KERNEL = re.compile(r"^@(no_alloc_)?kernel$", re.M)
+_DEFINES_KERNEL = re.compile(r"^@(no_alloc_|parallel_)?kernel$", re.M)
 _IMPORTS = re.compile(r"^from (cbgym(?:\.\w+)+) import", re.M)
 _CHECKED: set[str] = set()
 
@@ -62,6 +62,12 @@ def no_alloc_kernel(fn: Callable) -> Any:
     reference counting, whose atomic increments on every array view otherwise dominate the
     per-iteration path (measured: 60% of an engine run)."""
     return _fresh(numba.njit(cache=True, nogil=True, _nrt=False)(fn))
+
+
+def parallel_kernel(fn: Callable) -> Any:
+    """:func:`kernel` whose ``numba.prange`` loops run on numba's threads (a batch of envs:
+    each iteration touches only its own env's rows, so results do not depend on threads)."""
+    return _fresh(numba.njit(cache=True, nogil=True, parallel=True)(fn))
 
 
 def kernel_sources(package: Path = PACKAGE) -> list[Path]:

@@ -16,6 +16,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from cbgym.engine.jit import no_alloc_kernel
+
 
 def _codes(n: int) -> tuple[np.int64, ...]:
     """n consecutive int64 constants. numpy ints, not Python ints: numba types a Python int
@@ -124,18 +126,43 @@ def new_state(arrival_s: np.ndarray, prompt: np.ndarray, output: np.ndarray,
     """A fresh run's state. Every array is the state's own, C-contiguous and writeable, so a
     state always has the same numba type (an unpickled one included)."""
     n = len(arrival_s)
-    req = np.zeros((10, n), np.int64)
-    req[PROMPT] = prompt
-    req[OUTPUT] = output
-    req[TOKENS] = prompt
-    times = np.full((5, n), np.nan)
-    times[ARRIVAL] = arrival_s
-    times[KEY] = 0.0
-    si = np.zeros(NUM_SI, np.int64)
-    si[FREE] = num_blocks
-    si[HOST_FREE] = host_free_tokens
-    si[CHANGED] = 1
     log_rows = max(LOG_ROWS, 4 * max_seqs)
-    return State(req, times, np.zeros((13, n), np.int64), si, np.zeros(NUM_SF),
-                 np.zeros((REC_ROWS, len(REC_COLUMNS))), np.zeros((log_rows, 3), np.int64),
-                 np.zeros((log_rows, 2), np.int64), np.zeros(block_size, np.int64))
+    s = State(np.zeros((10, n), np.int64), np.zeros((5, n)), np.zeros((13, n), np.int64),
+              np.zeros(NUM_SI, np.int64), np.zeros(NUM_SF),
+              np.zeros((REC_ROWS, len(REC_COLUMNS))), np.zeros((log_rows, 3), np.int64),
+              np.zeros((log_rows, 2), np.int64), np.zeros(block_size, np.int64))
+    fill_state(s, np.ascontiguousarray(arrival_s, dtype=np.float64),
+               np.ascontiguousarray(prompt, dtype=np.int64),
+               np.ascontiguousarray(output, dtype=np.int64), np.int64(num_blocks),
+               np.int64(host_free_tokens))
+    return s
+
+
+@no_alloc_kernel
+def fill_state(s: State, arrival_s: np.ndarray, prompt: np.ndarray, output: np.ndarray,
+               num_blocks: int, host_free_tokens: int) -> None:
+    """Start a run in ``s``'s arrays (sized for these requests): nothing has arrived, every
+    block is free. The one way a run starts, for an engine and for each env of a batch."""
+    req, times, ids = s.req, s.times, s.ids
+    n = len(arrival_s)
+    for j in range(n):
+        for r in range(req.shape[0]):
+            req[r, j] = 0
+        for r in range(ids.shape[0]):
+            ids[r, j] = 0
+        for r in range(times.shape[0]):
+            times[r, j] = np.nan
+        req[PROMPT, j] = prompt[j]
+        req[OUTPUT, j] = output[j]
+        req[TOKENS, j] = prompt[j]
+        times[ARRIVAL, j] = arrival_s[j]
+        times[KEY, j] = 0.0
+    for k in range(len(s.si)):
+        s.si[k] = 0
+    for k in range(len(s.sf)):
+        s.sf[k] = 0.0
+    for k in range(len(s.slots)):
+        s.slots[k] = 0
+    s.si[FREE] = num_blocks
+    s.si[HOST_FREE] = host_free_tokens
+    s.si[CHANGED] = 1

@@ -59,6 +59,7 @@ class Episode:
             eng.run(eng._advance)
         if not eng.drained:
             ko.visible(eng.state, self.es)
+        self.shed_at_start = int(ko.account_sheds(eng.state, self.es))
 
     def _bind(self) -> None:
         """The per-step kernels, bound to this episode's state types (see jit.bind)."""

@@ -74,20 +74,60 @@ def new_env_state(K: int, R: int, smallest_prompt: bool, hold: float,
                   num_blocks: int, template: np.ndarray, arrival_s: np.ndarray,
                   ttft_target: np.ndarray, tpot_target: np.ndarray) -> EnvState:
     """The env's kernel state at the start of an episode."""
-    n = len(arrival_s)
-    deadline = arrival_s + ttft_target
-    dl_order = np.argsort(deadline, kind="stable")
-    targets = np.stack([ttft_target, tpot_target, deadline, deadline[dl_order]]).astype(float)
-    order = np.zeros((2, n), np.int64)
-    order[DL_ORDER] = dl_order
+    e = alloc_env_state(env_settings(K, R, smallest_prompt, hold, shed_threshold, token_budget,
+                                     max_seqs, num_blocks), len(arrival_s))
+    fill_env_state(e, np.ascontiguousarray(arrival_s, dtype=np.float64),
+                   np.ascontiguousarray(ttft_target, dtype=np.float64),
+                   np.ascontiguousarray(tpot_target, dtype=np.float64),
+                   np.ascontiguousarray(template, dtype=np.float64))
+    return e
+
+
+def env_settings(K: int, R: int, smallest_prompt: bool, hold: float,
+                 shed_threshold: float | None, token_budget: int, max_seqs: int,
+                 num_blocks: int) -> tuple[np.ndarray, np.ndarray]:
+    """(cfg_i, cfg_f): the env's static settings."""
     cfg_i = np.array([K, R, smallest_prompt, shed_threshold is not None, token_budget,
                       max_seqs, num_blocks], np.int64)
     cfg_f = np.array([hold, -2.0 if shed_threshold is None else shed_threshold], np.float64)
-    return EnvState(cfg_i, cfg_f, np.ascontiguousarray(targets),
-                    np.concatenate(([0.0], np.cumsum(arrival_s))), order,
-                    np.ascontiguousarray(template, dtype=np.float64),
-                    np.zeros(COUNTS + _NB + 1, np.int64), np.zeros(SUMS + _NB + 1),
-                    np.zeros(W_IDS + K + R, np.int64))
+    return cfg_i, cfg_f
+
+
+def alloc_env_state(settings: tuple[np.ndarray, np.ndarray], n: int,
+                    batch: tuple[int, ...] = ()) -> EnvState:
+    """Zeroed env-state arrays for n-request episodes (a leading ``batch`` shape for a
+    vector of envs; the settings are shared)."""
+    cfg_i, cfg_f = settings
+    K, R = int(cfg_i[K_SLOTS]), int(cfg_i[R_SLOTS])
+    return EnvState(cfg_i, cfg_f, np.zeros((*batch, 4, n)), np.zeros((*batch, n + 1)),
+                    np.zeros((*batch, 2, n), np.int64), np.zeros((*batch, n, F)),
+                    np.zeros((*batch, COUNTS + _NB + 1), np.int64),
+                    np.zeros((*batch, SUMS + _NB + 1)),
+                    np.zeros((*batch, W_IDS + K + R), np.int64))
+
+
+@kernel
+def fill_env_state(e: EnvState, arrival_s: np.ndarray, ttft_target: np.ndarray,
+                   tpot_target: np.ndarray, template: np.ndarray) -> None:
+    """Start an episode in ``e``'s arrays: per-request targets and static slot features,
+    deadlines in order, counters at zero."""
+    n = len(arrival_s)
+    t = e.targets
+    for j in range(n):
+        t[TTFT, j], t[TPOT, j] = ttft_target[j], tpot_target[j]
+        t[DEADLINE, j] = arrival_s[j] + ttft_target[j]
+        for f in range(F):
+            e.template[j, f] = template[j, f]
+    dl_order = np.argsort(t[DEADLINE], kind="mergesort")  # stable: ties in id order
+    e.arr_prefix[0] = 0.0
+    for j in range(n):
+        e.order[DL_ORDER, j] = dl_order[j]
+        e.order[SHED_SEEN, j] = 0
+        t[DL_SORTED, j] = t[DEADLINE, dl_order[j]]
+        e.arr_prefix[j + 1] = e.arr_prefix[j] + arrival_s[j]  # as numpy's cumsum
+    e.acc_i[:] = 0
+    e.acc_f[:] = 0.0
+    e.win[:] = 0
 
 
 @kernel
@@ -304,6 +344,21 @@ def reward(s: State, e: EnvState) -> np.ndarray:
     latency, elapsed = area - acc_f[AREA], now - acc_f[T_LAST]
     acc_f[T_LAST], acc_f[AREA] = now, area
     return np.array([num_good, f1 - f0, num_shed, misses, latency, elapsed], np.float64)
+
+
+@kernel
+def account_sheds(s: State, e: EnvState) -> int:
+    """Count the requests shed before the episode's first decision (those that can never
+    fit): the reset's ``info["num_shed"]``, so that no step's reward takes them."""
+    status, seen = s.req[L.STATUS], e.order[SHED_SEEN]
+    k = 0
+    for rid in range(len(status)):
+        if status[rid] == L.SHED and not seen[rid]:
+            seen[rid] = 1
+            e.acc_f[SUM_SHED] += s.times[L.FINISH, rid]
+            k += 1
+    e.acc_i[ENDED_SEEN] += k
+    return k
 
 
 _Obs = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]

@@ -15,6 +15,10 @@ ENV_IDS = {
     "cbgym/Scheduling-v0": "cbgym.env.scheduling_env:SchedulingEnv",
     "cbgym/SchedulingMasked-v0": "cbgym.env.scheduling_env:SchedulingMaskedEnv",
 }
+# gymnasium.make_vec(id, num_envs=N) builds these by default (one compiled call per step)
+VECTOR_ENTRY_POINTS = {
+    "cbgym/Scheduling-v0": "cbgym.env.vector:SchedulingVectorEnv",
+}
 
 
 def register_envs() -> None:
@@ -25,4 +29,5 @@ def register_envs() -> None:
     """
     for env_id, entry_point in ENV_IDS.items():
         if env_id not in gym.registry:
-            gym.register(id=env_id, entry_point=entry_point)
+            gym.register(id=env_id, entry_point=entry_point,
+                         vector_entry_point=VECTOR_ENTRY_POINTS.get(env_id))

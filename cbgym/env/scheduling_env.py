@@ -28,7 +28,7 @@ from cbgym.env.action import (
 from cbgym.env.arguments import check_args, check_load
 from cbgym.env.episode import Episode
 from cbgym.env.observation import observation_space
-from cbgym.env.render import render_text
+from cbgym.env.render import render_rgb, render_text
 from cbgym.env.reward import COMPONENTS, RewardWeights, StepOutcome
 from cbgym.metrics import SLO, SimulationResult, SLOSpec, slo_arrays
 from cbgym.workload.trace import Trace
@@ -38,6 +38,26 @@ __all__ = ["SchedulingEnv", "SchedulingMaskedEnv"]
 WindowRule = Literal["oldest", "smallest_prompt"]
 _OPTION_KEYS = frozenset({"start", "load", "trace"})
 DEFAULT_TRACE = "synthetic-conv"
+
+
+def draw_start(rng: np.random.Generator, num_requests: int, n: int,
+               start_range: tuple[int, int] | None) -> int:
+    """An episode's first request: uniform over the windows of n requests that lie in
+    ``start_range`` (default: the whole trace of ``num_requests``)."""
+    lo, hi = start_range or (0, num_requests)
+    lo, hi = max(int(lo), 0), min(int(hi), num_requests)
+    if hi - lo < n:
+        raise ValueError(f"window_start_range=({lo}, {hi}) cannot hold "
+                         f"{n} requests of a {num_requests}-request trace")
+    return int(rng.integers(lo, hi - n + 1))
+
+
+def draw_load(rng: np.random.Generator, load: float | tuple[float, float] | None
+              ) -> float | None:
+    """An episode's offered load: fixed, uniform over a (lo, hi) range, or None."""
+    if isinstance(load, tuple):
+        return float(rng.uniform(*load))
+    return load
 
 
 class SchedulingEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
@@ -173,7 +193,8 @@ class SchedulingEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
 
     ``reward_components`` (dict of floats: goodput, ttft_miss, shed, latency),
     ``engine_iterations`` and ``sim_time_elapsed`` (what the step covered), ``sim_time_s``,
-    ``num_finished``, ``num_good``, ``num_shed`` (in the step), ``waiting_time_in_system_s``
+    ``num_finished``, ``num_good``, ``num_shed`` (in the step; at reset, the requests shed
+    before the first decision because they can never fit), ``waiting_time_in_system_s``
     (K float64, exact, 0 for empty slots) and, for the masked variant, ``action_mask`` and
     ``invalid_action``.
 
@@ -198,7 +219,7 @@ class SchedulingEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
     | max_steps          | None             | truncate after this many steps (int)          |
     | capacity_rps       | None (measured)  | service rate mu used for load scaling         |
     | invalid_action     | "raise"          | masked variant: "raise" or "noop" on a masked |
-    | render_mode        | None             | or "ansi"                                     |
+    | render_mode        | None             | "ansi" (text) or "rgb_array" (96x192x3 uint8) |
 
     A step is one call of the compiled kernel (:mod:`cbgym.env.kernel_ops`: the decision, the
     engine iterations up to the next decision point, the reward and the observation). The
@@ -229,7 +250,7 @@ class SchedulingEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
         ['goodput', 'latency', 'shed', 'ttft_miss']
     """
 
-    metadata = {"render_modes": ["ansi"], "render_fps": 4}
+    metadata = {"render_modes": ["ansi", "rgb_array"], "render_fps": 4}
 
     def __init__(
         self,
@@ -322,7 +343,10 @@ class SchedulingEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
             window = scale_to_load(window, float(load), self.config,
                                    capacity_rps=self._capacity_of(base))
         self._start_episode(window)
-        return self._observe(None)
+        obs, info = self._observe(None)
+        assert self._sim is not None
+        info["num_shed"] = self._sim.shed_at_start  # requests that could never fit
+        return obs, info
 
     def _start_episode(self, window: Trace) -> None:
         self._episode = window
@@ -349,13 +373,8 @@ class SchedulingEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
 
     def _window(self, base: Trace, start: int | None) -> Trace:
         n = min(self.episode_requests, len(base))
-        lo, hi = self.window_start_range or (0, len(base))
-        lo, hi = max(int(lo), 0), min(int(hi), len(base))
         if start is None:
-            if hi - lo < n:
-                raise ValueError(f"window_start_range=({lo}, {hi}) cannot hold "
-                                 f"{n} requests of a {len(base)}-request trace")
-            start = int(self.np_random.integers(lo, hi - n + 1))
+            start = draw_start(self.np_random, len(base), n, self.window_start_range)
         elif not 0 <= int(start) <= len(base) - n:
             raise ValueError(f"options['start']={start}: expected 0 <= start <= "
                              f"{len(base) - n} for {n}-request windows of {len(base)} requests")
@@ -363,9 +382,7 @@ class SchedulingEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
         return base.window(int(start), n)
 
     def _draw_load(self) -> float | None:
-        if isinstance(self.load, tuple):
-            return float(self.np_random.uniform(*self.load))
-        return self.load
+        return draw_load(self.np_random, self.load)
 
     def _capacity_of(self, base: Trace) -> float:
         if self.capacity_rps is not None:
@@ -541,8 +558,11 @@ class SchedulingEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
                                                     "trace": self.episode_trace.name})
 
     # ------------------------------------------------------------------ rendering
-    def render(self) -> str | None:
-        """A text view of the queue, the batch and KV usage (``render_mode="ansi"``)."""
+    def render(self) -> str | np.ndarray | None:
+        """The queue, the batch and KV usage: text for ``render_mode="ansi"``, a (96, 192, 3)
+        uint8 picture for ``"rgb_array"`` (see :mod:`cbgym.env.render`), else None."""
+        if self.render_mode == "rgb_array":
+            return render_rgb(self)
         if self.render_mode != "ansi":
             return None
         if not self._started:

@@ -1,0 +1,386 @@
+"""Native vector envs: ``gymnasium.make_vec("cbgym/Scheduling-v0", num_envs=N)``.
+
+One :func:`~cbgym.env.vector_ops.step_batch` call steps all N envs on numba's threads and
+writes into preallocated buffers (CartPoleVectorEnv's batched arrays, EnvPool's one call);
+finished envs start their next episode inside that call. Env i of ``reset(seed=s)`` is
+seeded with s + i and its trajectory is bit for bit that of ``SchedulingEnv`` reset with
+s + i, whatever N and the thread count (``tests/test_vector_env.py``).
+
+| Argument        | Default     | Description                                              |
+|-----------------|-------------|----------------------------------------------------------|
+| num_envs        | 1           | N                                                        |
+| autoreset_mode  | NEXT_STEP   | or SAME_STEP (``final_obs``/``final_info``), DISABLED     |
+| num_threads     | min(N, cpus)| numba threads stepping the envs                          |
+| observation     | "dict"      | the single env's Dict, batched; or "flat": one (N, D) Box |
+| copy            | True        | hand out copies of the buffers (False: views, overwritten)|
+| **kwargs        |             | every :class:`~cbgym.env.SchedulingEnv` argument          |
+
+``observation="flat"`` orders the keys as ``gymnasium.spaces.flatten`` does (sorted:
+global, running, running_mask, waiting, waiting_mask), as
+:class:`~cbgym.env.wrappers.FlattenSchedulingObservation`. Infos are Gymnasium's dict of
+arrays with ``_key`` masks: ``reward_components`` (goodput, ttft_miss, shed, latency),
+``num_finished``, ``num_good``, ``num_shed``, ``engine_iterations``, ``sim_time_s``,
+``sim_time_elapsed``, ``waiting_time_in_system_s`` (N, K) and ``truncated_reason`` where an
+env hit the idle-hold limit. The time series of episodes is not kept.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import gymnasium as gym
+import numba
+import numpy as np
+from gymnasium import spaces
+from gymnasium.error import ResetNeeded
+from gymnasium.utils import seeding
+from gymnasium.vector import AutoresetMode, VectorEnv
+from gymnasium.vector.utils import batch_space
+
+from cbgym.engine import layout as L
+from cbgym.engine.engine import compile_params, host_swap_tokens
+from cbgym.engine.jit import bind
+from cbgym.env import kernel_ops as ko
+from cbgym.env import vector_ops as vo
+from cbgym.env.action import InvalidActionError
+from cbgym.env.arguments import check_load
+from cbgym.env.observation import slot_template
+from cbgym.env.scheduling_env import SchedulingEnv, draw_load, draw_start
+from cbgym.metrics import slo_arrays
+
+__all__ = ["SchedulingVectorEnv"]
+
+_THREADS_SET = [0]  # the count this module last gave numba.set_num_threads
+REC_ROWS = 256  # time-series rows per env before the buffer is emptied in place
+
+
+class SchedulingVectorEnv(VectorEnv):
+    """N ``cbgym/Scheduling-v0`` envs stepped by one compiled call; see the module docstring."""
+
+    metadata = {"autoreset_mode": AutoresetMode.NEXT_STEP, "render_modes": []}
+
+    def __init__(self, num_envs: int = 1, autoreset_mode: AutoresetMode | str =
+                 AutoresetMode.NEXT_STEP, num_threads: int | None = None,
+                 observation: str = "dict", copy: bool = True,
+                 max_episode_steps: int | None = None, **kwargs: Any) -> None:
+        if not isinstance(num_envs, int | np.integer) or isinstance(num_envs, bool) \
+                or num_envs < 1:
+            raise ValueError(f"num_envs={num_envs!r}: expected an int >= 1")
+        if observation not in ("dict", "flat"):
+            raise ValueError(f"observation={observation!r}: expected 'dict' or 'flat'")
+        self.autoreset_mode = AutoresetMode(autoreset_mode)
+        self.metadata = {**self.metadata, "autoreset_mode": self.autoreset_mode}
+        if num_threads is None:
+            num_threads = min(int(num_envs), numba.config.NUMBA_NUM_THREADS)
+        if not isinstance(num_threads, int) or not 1 <= num_threads \
+                <= numba.config.NUMBA_NUM_THREADS:
+            raise ValueError(f"num_threads={num_threads!r}: expected an int in [1, "
+                             f"{numba.config.NUMBA_NUM_THREADS}] (numba's thread count)")
+        if kwargs.get("render_mode") is not None:
+            raise ValueError("the native vector env does not render; build single envs "
+                             "(gym.make_vec(..., vectorization_mode='sync')) to record video")
+        if max_episode_steps is not None:
+            kwargs.setdefault("max_steps", max_episode_steps)
+        self.proto = proto = self._single_env(kwargs)
+        self.num_envs, self.num_threads, self.copy = int(num_envs), num_threads, copy
+        self.observation_mode = observation
+        self._setup_spaces(proto)
+        self._setup_state(proto)
+        self._rngs = [seeding.np_random(None)[0] for _ in range(self.num_envs)]
+        self._autoreset = np.zeros(self.num_envs, np.bool_)
+        self._no_reset = np.zeros(self.num_envs, np.bool_)
+        self._all = np.ones(self.num_envs, np.bool_)
+        self._started = False
+        self._bind()
+
+    def _bind(self) -> None:
+        """The batch kernels, bound to this vector's array types (see jit.bind)."""
+        self._state_args = (self.S, self.params, self.E, self.V, self.base, self.windows,
+                            self.out)
+        self._tail_args = (self.weights, self.max_steps, np.int64(self.n), self.host_free,
+                           self.scratch)
+        z = np.zeros((self.num_envs, self.proto.layout.size))
+        self._step_batch = bind(vo.step_batch, self.S, self.params, self.E, self.V, self.base,
+                                self.windows, self.out, self.final, z, self._no_reset, True,
+                                self.weights, self.max_steps, np.int64(self.n), self.host_free,
+                                self.scratch)
+        self._reset_batch = bind(vo.reset_batch, self.S, self.params, self.E, self.V,
+                                 self.base, self.windows, self.out, self._all, np.int64(self.n),
+                                 self.host_free, self.scratch)
+
+    def _single_env(self, kwargs: dict[str, Any]) -> SchedulingEnv:
+        """The argument checks, spaces and trace of one env (never stepped)."""
+        return SchedulingEnv(**kwargs)
+
+    # ------------------------------------------------------------------ setup
+    def _setup_spaces(self, proto: SchedulingEnv) -> None:
+        self.single_action_space = proto.action_space
+        self.action_space = batch_space(proto.action_space, self.num_envs)
+        dict_space = proto.observation_space
+        if self.observation_mode == "flat":
+            self.single_observation_space = spaces.flatten_space(dict_space)
+        else:
+            self.single_observation_space = dict_space
+        self.observation_space = batch_space(self.single_observation_space, self.num_envs)
+
+    def _setup_state(self, proto: SchedulingEnv) -> None:
+        cfg, N = proto.config, self.num_envs
+        assert cfg.num_kv_blocks is not None and cfg.block_size is not None
+        base_trace = proto.base_trace
+        self.n = n = min(proto.episode_requests, len(base_trace))
+        consult = "every_iteration" if proto.skip_trivial else "always"
+        self.params = compile_params(cfg, consult, False, False)
+        self.host_free = np.int64(host_swap_tokens(cfg))
+        ttft, tpot = slo_arrays(proto.slo, base_trace.slo_class)
+        mu = proto._capacity_of(base_trace) if proto.load is not None else np.nan
+        self.base = vo.Base(
+            np.ascontiguousarray(base_trace.arrival_s, dtype=np.float64),
+            np.ascontiguousarray(base_trace.prompt_tokens, dtype=np.int64),
+            np.ascontiguousarray(base_trace.output_tokens, dtype=np.int64),
+            np.ascontiguousarray(ttft, dtype=np.float64),
+            np.ascontiguousarray(tpot, dtype=np.float64),
+            np.ascontiguousarray(slot_template(base_trace.prompt_tokens, base_trace.tenant,
+                                               base_trace.slo_class), dtype=np.float64),
+            np.array([mu], np.float64))
+        self.S = L.State(
+            np.zeros((N, 10, n), np.int64), np.zeros((N, 5, n)), np.zeros((N, 13, n), np.int64),
+            np.zeros((N, L.NUM_SI), np.int64), np.zeros((N, L.NUM_SF)),
+            np.zeros((N, REC_ROWS, len(L.REC_COLUMNS))), np.zeros((N, 1, 3), np.int64),
+            np.zeros((N, 1, 2), np.int64), np.zeros((N, cfg.block_size), np.int64))
+        settings = ko.env_settings(proto.K, proto.R, proto.window_rule == "smallest_prompt",
+                                   proto.hold_threshold, proto.shed_threshold,
+                                   cfg.max_num_batched_tokens, cfg.max_num_seqs,
+                                   cfg.num_kv_blocks)
+        self.E = ko.alloc_env_state(settings, n, (N,))
+        self.V = np.zeros((N, vo.NUM_V), np.int64)
+        self.slices = vo.obs_slices(proto.K, proto.R)
+        self.windows = vo.Windows(np.zeros(N, np.int64), np.zeros(N, np.float64))
+        self.out, self.final = self._new_out(), self._new_out()
+        self.scratch = np.zeros((N, n))
+        self.weights = np.array([proto.weights.ttft_miss, proto.weights.shed,
+                                 proto.weights.latency], np.float64)
+        self.max_steps = np.int64(-1 if proto.max_steps is None else proto.max_steps)
+
+    def _new_out(self) -> vo.Out:
+        N, K = self.num_envs, self.proto.K
+        D = self.slices["waiting_mask"].stop
+        return vo.Out(np.zeros((N, D), np.float32), np.zeros((N, K)),
+                      np.zeros((vo.NUM_I, N), np.int64), np.zeros((vo.NUM_F, N)))
+
+    # ------------------------------------------------------------------ windows
+    def _draw_windows(self, which: np.ndarray) -> None:
+        """Each listed env's next episode, drawn as the single env draws it at reset."""
+        proto, n = self.proto, self.n
+        arrival = self.base.arrival
+        for i in which:
+            rng = self._rngs[i]
+            start = draw_start(rng, len(arrival), n, proto.window_start_range)
+            load = draw_load(rng, proto.load)
+            self.windows.start[i] = start
+            self.windows.load[i] = np.nan if load is None else load
+            self._check_window(i)
+        self.V[which, vo.WANTS_WINDOW] = 0
+
+    def _check_window(self, i: int) -> None:
+        """Env i's next window can be scaled to its load (scale_to_load's conditions)."""
+        arrival, start, n = self.base.arrival, self.windows.start[i], self.n
+        if np.isnan(self.windows.load[i]):
+            return
+        if n < 2 or arrival[start + n - 1] <= arrival[start]:
+            raise ValueError("scale_to_load needs at least two requests with distinct "
+                             "arrival times")
+        if np.isnan(self.base.mu[0]):  # built with load=None: measure the capacity now
+            self.base.mu[0] = self.proto._capacity_of(self.proto.base_trace)
+
+    def _fix_window(self, key: str, value: Any, mask: np.ndarray) -> None:
+        """options["start"] / options["load"] for the envs in ``mask``."""
+        which = np.flatnonzero(mask)
+        values = np.broadcast_to(np.asarray(value, dtype=object), (self.num_envs,))[which]
+        last = len(self.base.arrival) - self.n
+        for i, x in zip(which, values, strict=True):
+            if key == "start":
+                if not isinstance(x, int | np.integer) or not 0 <= int(x) <= last:
+                    raise ValueError(f"options['start'] for env {i} is {x!r}: expected an int "
+                                     f"in [0, {last}] for {self.n}-request windows")
+                self.windows.start[i] = int(x)
+            elif x is None:
+                self.windows.load[i] = np.nan
+            else:
+                self.windows.load[i] = check_load(float(x))
+            self._check_window(i)
+
+    def _refill(self) -> None:
+        wants = np.flatnonzero(self.V[:, vo.WANTS_WINDOW])
+        if len(wants):
+            self._draw_windows(wants)
+
+    # ------------------------------------------------------------------ the Gymnasium API
+    def reset(self, *, seed: int | list[int | None] | None = None,
+              options: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
+        """Start episodes: all envs, or those in ``options["reset_mask"]``.
+
+        Args:
+            seed: env i gets ``seed + i`` (an int), or ``seed[i]`` (a list); None keeps the
+                envs' generators going (each env's next window was drawn one episode ahead).
+            options: ``reset_mask`` (bool, N); ``start`` (int, or one per env) and ``load``
+                (float or None, or one per env) fix the window as the single env's options do
+                (the generators still advance as if drawn, so with these options env i no
+                longer matches a single env draw for draw).
+        """
+        options = dict(options or {})
+        mask = options.pop("reset_mask", None)
+        fixed = {k: options.pop(k) for k in ("start", "load") if k in options}
+        if options:
+            raise ValueError(f"reset(options=...): unknown keys {sorted(options)}; known: "
+                             "['load', 'reset_mask', 'start'] (a vector env keeps its trace)")
+        if mask is None:
+            mask = np.ones(self.num_envs, np.bool_)
+        mask = np.asarray(mask)
+        if mask.shape != (self.num_envs,) or mask.dtype != np.bool_:
+            raise ValueError(f"options['reset_mask'] must be a bool array of shape "
+                             f"({self.num_envs},), got {mask.dtype} {mask.shape}")
+        if not self._started and not mask.all():
+            raise ResetNeeded("the first reset() must start every env (no reset_mask)")
+        seeds = self._seeds(seed)
+        reseeded = [i for i in np.flatnonzero(mask) if seeds[i] is not None or not self._started]
+        for i in reseeded:
+            self._rngs[i] = seeding.np_random(seeds[i])[0]
+        if isinstance(seed, int):
+            self._np_random, self._np_random_seed = seeding.np_random(seed)
+        self._draw_windows(np.array(reseeded, np.int64))  # the others drew theirs ahead
+        for key, value in fixed.items():
+            self._fix_window(key, value, mask)
+        self._threads()
+        self._reset_batch(self.S, self.params, self.E, self.V, self.base, self.windows, self.out,
+                          mask, np.int64(self.n), self.host_free, self.scratch)
+        self._refill()
+        self._autoreset[mask] = False
+        self._started = True
+        return self._observation(), self._infos(self.out, mask)
+
+    def _seeds(self, seed: int | list[int | None] | None) -> list[int | None]:
+        if seed is None:
+            return [None] * self.num_envs
+        if isinstance(seed, int | np.integer) and not isinstance(seed, bool):
+            return [int(seed) + i for i in range(self.num_envs)]
+        seeds = list(seed)  # type: ignore[arg-type]
+        if len(seeds) != self.num_envs:
+            raise ValueError(f"reset(seed=[...]) needs {self.num_envs} seeds, got {len(seeds)}")
+        return seeds
+
+    def step(self, actions: Any) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray,
+                                          dict[str, Any]]:
+        if not self._started:
+            raise ResetNeeded("call reset() before step()")
+        a = self._actions(actions)
+        if self.autoreset_mode == AutoresetMode.DISABLED:
+            ended = np.flatnonzero(self.V[:, vo.ENDED])
+            if len(ended):
+                raise ResetNeeded(f"envs {ended.tolist()} ended: reset them with "
+                                  "reset(options={'reset_mask': mask}) (autoreset DISABLED)")
+        same = self.autoreset_mode == AutoresetMode.SAME_STEP
+        reset = self._autoreset if self.autoreset_mode == AutoresetMode.NEXT_STEP \
+            else self._no_reset
+        self._threads()
+        started = self._step_batch(*self._state_args, self.final, a, reset, same,
+                                   *self._tail_args)
+        if started < 0:
+            i, j = divmod(-1 - started, a.shape[1])
+            raise InvalidActionError(f"actions[{i}, {j}] is {a[i, j]}; scores must be finite "
+                                     "and in [-1, 1] (clip the policy's output)")
+        if started:
+            self._refill()
+        ii, ff = self.out.info_i, self.out.info_f
+        terminated, truncated = ii[vo.I_TERMINATED] != 0, ii[vo.I_TRUNCATED] != 0
+        reward = ff[vo.F_REWARD].copy()
+        ended = terminated | truncated
+        infos = self._infos(self.out, self._all)
+        if same and ended.any():
+            infos["final_obs"] = self._observation(self.final, copy=True)
+            infos["_final_obs"] = ended
+            infos["final_info"] = self._infos(self.final, ended)
+            infos["_final_info"] = ended
+        self._autoreset = ended
+        return self._observation(), reward, terminated, truncated, infos
+
+    def _threads(self) -> None:
+        """numba's thread count for this thread's next parallel call (set only when another
+        vector env changed it: numba.get_num_threads costs a microsecond)."""
+        if _THREADS_SET[0] != self.num_threads:
+            numba.set_num_threads(self.num_threads)
+            _THREADS_SET[0] = self.num_threads
+
+    def _actions(self, actions: Any) -> np.ndarray:
+        """The actions as a contiguous (N, K + R) float64 array (ranges: the kernel)."""
+        a = actions
+        if not (isinstance(a, np.ndarray) and a.dtype == np.float64 and a.flags.c_contiguous):
+            try:
+                a = np.ascontiguousarray(actions, dtype=np.float64)
+            except (TypeError, ValueError) as exc:
+                raise InvalidActionError(
+                    f"actions must be a float array of shape ({self.num_envs}, "
+                    f"{self.proto.layout.size}): {exc}") from exc
+        if a.shape != (self.num_envs, self.proto.layout.size):
+            raise InvalidActionError(
+                f"actions have shape {a.shape}; expected ({self.num_envs}, "
+                f"{self.proto.layout.size}) (one score vector per env)")
+        return a
+
+    # ------------------------------------------------------------------ outputs
+    def _observation(self, out: vo.Out | None = None, copy: bool | None = None) -> Any:
+        """The batch's observation: one copy of the flat buffer, and Dict keys as views."""
+        flat = (self.out if out is None else out).obs
+        if self.copy if copy is None else copy:
+            flat = flat.copy()
+        if self.observation_mode == "flat":
+            return flat
+        return {key: flat[:, sl] for key, sl in self.slices.items()}
+
+    def _infos(self, out: vo.Out, mask: np.ndarray) -> dict[str, Any]:
+        """Gymnasium's dict of arrays, each with its ``_key`` mask (rows of one copy)."""
+        ii, ff = out.info_i.copy(), out.info_f.copy()
+        m = mask
+        # rows in the order of vo's I_ and F_ names
+        finished, good, shed, iterations, _, _, _ = ii
+        _, goodput, ttft_miss, shed_c, latency, now, elapsed = ff
+        infos: dict[str, Any] = {
+            "reward_components": {
+                "goodput": goodput, "_goodput": m, "ttft_miss": ttft_miss, "_ttft_miss": m,
+                "shed": shed_c, "_shed": m, "latency": latency, "_latency": m},
+            "_reward_components": m,
+            "num_finished": finished, "_num_finished": m, "num_good": good, "_num_good": m,
+            "num_shed": shed, "_num_shed": m,
+            "engine_iterations": iterations, "_engine_iterations": m,
+            "sim_time_s": now, "_sim_time_s": m, "sim_time_elapsed": elapsed,
+            "_sim_time_elapsed": m,
+            "waiting_time_in_system_s": out.waited.copy(), "_waiting_time_in_system_s": m,
+        }
+        stuck = (ii[vo.I_STUCK] != 0) & m
+        if stuck.any():
+            reason = np.full(self.num_envs, None, dtype=object)
+            reason[stuck] = "idle_hold_limit"
+            infos["truncated_reason"], infos["_truncated_reason"] = reason, stuck
+        return infos
+
+    # ------------------------------------------------------------------ misc
+    _BOUND = ("_step_batch", "_reset_batch", "_state_args", "_tail_args")
+
+    def __getstate__(self) -> dict:
+        return {k: v for k, v in self.__dict__.items() if k not in self._BOUND}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._bind()
+
+    def close_extras(self, **kwargs: Any) -> None:
+        pass
+
+    def __repr__(self) -> str:
+        return (f"SchedulingVectorEnv(num_envs={self.num_envs}, "
+                f"autoreset_mode={self.autoreset_mode.name}, threads={self.num_threads})")
+
+
+def make_vector(env_id: str, num_envs: int, **kwargs: Any) -> gym.vector.VectorEnv:
+    """``gymnasium.make_vec`` with the native vector env (a shortcut for scripts)."""
+    return gym.make_vec(env_id, num_envs=num_envs, vectorization_mode="vector_entry_point",
+                        **kwargs)

@@ -1,0 +1,218 @@
+"""The native vector env: one compiled call steps N envs, each exactly a single env.
+
+1. ``gymnasium.make_vec`` builds it by default, with batched spaces;
+2. env i of ``reset(seed=s)`` follows a single env reset with s + i, step for step and across
+   episodes, for any N and thread count, in the three autoreset modes;
+3. the flat observation is the Dict's ``spaces.flatten``;
+4. bad actions and options are refused with a message, nothing stepped;
+5. pickling, reset masks, options, and the sheds before the first decision.
+"""
+
+from __future__ import annotations
+
+import pickle
+
+import gymnasium as gym
+import numpy as np
+import pytest
+from gymnasium import spaces
+from gymnasium.error import ResetNeeded
+from gymnasium.vector import AutoresetMode
+
+import cbgym
+from cbgym.env.action import InvalidActionError
+from cbgym.env.vector import SchedulingVectorEnv
+
+ID = "cbgym/Scheduling-v0"
+FAST = {"episode_requests": 24, "load": (0.8, 1.4)}
+
+
+def single_runs(n: int, seed: int, actions: np.ndarray, **kw) -> list[list[tuple]]:
+    """Each env's (obs, reward, terminated, truncated) per step, from single envs that reset
+    themselves (without a seed) after an episode ends, as next-step autoreset does."""
+    runs = []
+    for i in range(n):
+        env = gym.make(ID, **{**FAST, **kw}).unwrapped
+        obs, _ = env.reset(seed=seed + i)
+        steps, ended = [(obs, 0.0, False, False)], False
+        for a in actions[:, i]:
+            if ended:
+                obs, _ = env.reset()
+                steps.append((obs, 0.0, False, False))
+                ended = False
+                continue
+            obs, r, te, tr, _ = env.step(a)
+            steps.append((obs, r, te, tr))
+            ended = te or tr
+        runs.append(steps)
+    return runs
+
+
+def same(obs_a: dict, obs_b: dict, i: int) -> bool:
+    return all(np.array_equal(obs_a[k], obs_b[k][i]) for k in obs_a)
+
+
+def random_actions(steps: int, n: int, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).uniform(-1, 1, (steps, n, 48))
+
+
+def test_make_vec_builds_the_native_vector_env() -> None:
+    venv = gym.make_vec(ID, num_envs=3, **FAST)
+    assert isinstance(venv.unwrapped, SchedulingVectorEnv)
+    assert venv.action_space.shape == (3, 48)
+    assert venv.observation_space["waiting"].shape == (3, 128)
+    obs, info = venv.reset(seed=0)
+    assert venv.observation_space.contains(obs)
+    assert info["num_shed"].shape == (3,) and info["_num_shed"].all()
+
+
+@pytest.mark.parametrize(("n", "threads"), [(1, 1), (3, 1), (3, 2)])
+def test_env_i_is_a_single_env_seeded_s_plus_i(n: int, threads: int) -> None:
+    actions = random_actions(160, n)
+    expected = single_runs(n, 7, actions)
+    venv = gym.make_vec(ID, num_envs=n, num_threads=threads, **FAST)
+    obs, _ = venv.reset(seed=7)
+    episodes = 0
+    for i in range(n):
+        assert same(expected[i][0][0], obs, i)
+    for t, a in enumerate(actions, start=1):
+        obs, r, te, tr, _ = venv.step(a)
+        for i in range(n):
+            e_obs, e_r, e_te, e_tr = expected[i][t]
+            assert same(e_obs, obs, i), (t, i)
+            assert (e_r, e_te, e_tr) == (r[i], te[i], tr[i]), (t, i)
+        episodes += int((te | tr).sum())
+    assert episodes >= n  # the run crossed episode boundaries
+
+
+def test_same_step_autoreset_reports_the_final_observation() -> None:
+    n, actions = 2, random_actions(120, 2, seed=1)
+    venv = gym.make_vec(ID, num_envs=n, autoreset_mode=AutoresetMode.SAME_STEP, **FAST)
+    venv.reset(seed=3)
+    envs = [gym.make(ID, **FAST).unwrapped for _ in range(n)]
+    for i, env in enumerate(envs):
+        env.reset(seed=3 + i)
+    finals = 0
+    for a in actions:
+        obs, r, te, tr, info = venv.step(a)
+        for i, env in enumerate(envs):
+            e_obs, e_r, e_te, e_tr, _ = env.step(a[i])
+            assert (e_r, e_te, e_tr) == (r[i], te[i], tr[i])
+            if e_te or e_tr:  # the final observation in info, the next episode's in obs
+                assert info["_final_obs"][i] and same(e_obs, info["final_obs"], i)
+                assert info["_final_info"][i]
+                e_obs, _ = env.reset()
+                finals += 1
+            else:
+                assert not info.get("_final_obs", np.zeros(n, bool))[i]
+            assert same(e_obs, obs, i)
+    assert finals >= n
+
+
+def test_disabled_autoreset_waits_for_a_reset_mask() -> None:
+    venv = gym.make_vec(ID, num_envs=2, autoreset_mode=AutoresetMode.DISABLED, max_steps=3,
+                        **FAST)
+    venv.reset(seed=0)
+    for _ in range(3):
+        _, _, te, tr, _ = venv.step(np.zeros((2, 48)))
+    assert (te | tr).all()
+    with pytest.raises(ResetNeeded, match="reset_mask"):
+        venv.step(np.zeros((2, 48)))
+    obs, info = venv.reset(options={"reset_mask": np.array([True, False])})
+    assert info["_num_shed"].tolist() == [True, False]
+    with pytest.raises(ResetNeeded):
+        venv.step(np.zeros((2, 48)))  # env 1 still ended
+    venv.reset(options={"reset_mask": np.array([False, True])})
+    venv.step(np.zeros((2, 48)))
+
+
+def test_thread_counts_give_identical_batches() -> None:
+    actions = random_actions(200, 6, seed=2)
+    results = []
+    for threads in (1, 2):
+        venv = gym.make_vec(ID, num_envs=6, num_threads=threads, **FAST)
+        obs, _ = venv.reset(seed=11)
+        trace = [obs["global"].copy()]
+        for a in actions:
+            obs, r, te, tr, info = venv.step(a)
+            trace += [obs["waiting"].copy(), r, te, tr, info["sim_time_s"]]
+        results.append(trace)
+    assert all(np.array_equal(x, y) for x, y in zip(*results, strict=True))
+
+
+def test_flat_observation_is_the_flattened_dict() -> None:
+    d = gym.make_vec(ID, num_envs=2, **FAST)
+    f = gym.make_vec(ID, num_envs=2, observation="flat", **FAST)
+    space = d.unwrapped.single_observation_space
+    od, _ = d.reset(seed=5)
+    of, _ = f.reset(seed=5)
+    assert f.observation_space.shape == (2, spaces.flatdim(space))
+    for _ in range(20):
+        for i in range(2):
+            one = {k: v[i] for k, v in od.items()}
+            assert np.array_equal(spaces.flatten(space, one), of[i])
+        a = np.random.default_rng(0).uniform(-1, 1, (2, 48))
+        od, *_ = d.step(a)
+        of, *_ = f.step(a)
+
+
+def test_bad_actions_are_refused_and_nothing_steps() -> None:
+    venv = gym.make_vec(ID, num_envs=2, **FAST)
+    venv.reset(seed=0)
+    now = venv.unwrapped.S.sf[:, 0].copy()
+    bad = np.zeros((2, 48))
+    bad[1, 5] = 1.5
+    with pytest.raises(InvalidActionError, match=r"actions\[1, 5\] is 1.5"):
+        venv.step(bad)
+    bad[1, 5] = np.nan
+    with pytest.raises(InvalidActionError, match=r"actions\[1, 5\]"):
+        venv.step(bad)
+    with pytest.raises(InvalidActionError, match="shape"):
+        venv.step(np.zeros((3, 48)))
+    assert np.array_equal(venv.unwrapped.S.sf[:, 0], now)
+    with pytest.raises(ValueError, match="unknown keys"):
+        venv.reset(options={"trace": None})
+    with pytest.raises(ValueError, match="num_threads"):
+        gym.make_vec(ID, num_envs=2, num_threads=0)
+
+
+def test_options_fix_the_window_like_the_single_env() -> None:
+    env = gym.make(ID, **FAST)
+    venv = gym.make_vec(ID, num_envs=2, **FAST)
+    o1, _ = env.reset(seed=0, options={"start": 40, "load": 1.1})
+    ov, _ = venv.reset(seed=9, options={"start": 40, "load": 1.1})
+    assert same(o1, ov, 0) and same(o1, ov, 1)
+    with pytest.raises(ValueError, match="start"):
+        venv.reset(options={"start": 10**9})
+
+
+def test_pickled_vector_env_continues_identically() -> None:
+    venv = gym.make_vec(ID, num_envs=3, **FAST).unwrapped
+    venv.reset(seed=4)
+    actions = random_actions(60, 3, seed=4)
+    for a in actions[:30]:
+        venv.step(a)
+    twin = pickle.loads(pickle.dumps(venv))
+    for a in actions[30:]:
+        o1, r1, *_ = venv.step(a)
+        o2, r2, *_ = twin.step(a)
+        assert np.array_equal(r1, r2) and all(np.array_equal(o1[k], o2[k]) for k in o1)
+
+
+def test_reset_info_counts_requests_shed_before_the_first_decision() -> None:
+    prompts = [100] * 10 + [10**6] * 3  # three prompts can never fit
+    trace = cbgym.Trace.from_arrays(np.arange(13) * 0.01, prompts, [5] * 13)
+    cfg = cbgym.EngineConfig(preset=None, cost_model=cbgym.LinearCostModel(),
+                             num_kv_blocks=64)
+    env = gym.make(ID, trace=trace, engine=cfg, episode_requests=13, load=None)
+    venv = gym.make_vec(ID, num_envs=2, trace=trace, engine=cfg, episode_requests=13,
+                        load=None)
+    _, info = env.reset(seed=0)
+    _, vinfo = venv.reset(seed=0)
+    shed_later, ended = 0, False
+    while not ended:
+        _, _, te, tr, step_info = env.step(np.ones(48, np.float32))
+        shed_later += step_info["num_shed"]
+        ended = te or tr
+    assert info["num_shed"] + shed_later == 3
+    assert vinfo["num_shed"].tolist() == [info["num_shed"]] * 2
