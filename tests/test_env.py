@@ -110,8 +110,8 @@ def assert_same(x: Any, y: Any) -> None:
 def test_gymnasium_check_env_without_warnings(masked: bool) -> None:
     from gymnasium.utils.env_checker import check_env
 
-    # the checkers sample actions without masks: masked indices become documented no-ops
-    env = make(masked, **({"invalid_action": "noop"} if masked else {}))
+    # the checkers sample actions without masks: masked indices act as STOP by default
+    env = make(masked)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         check_env(env.unwrapped)
@@ -121,8 +121,7 @@ def test_gymnasium_check_env_without_warnings(masked: bool) -> None:
 def test_sb3_check_env_without_warnings(masked: bool) -> None:
     from stable_baselines3.common.env_checker import check_env
 
-    env = make(masked,
-               **({"invalid_action": "noop"} if masked else {})).unwrapped
+    env = make(masked).unwrapped
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         check_env(env, warn=True)
@@ -258,7 +257,7 @@ def test_invalid_box_actions_raise() -> None:
 
 
 def test_invalid_discrete_actions_raise() -> None:
-    env = make(True)
+    env = make(True, invalid_action="raise")
     env.reset(seed=0)
     u = env.unwrapped
     mask = u.action_masks()
@@ -342,6 +341,22 @@ def test_noop_mode_leaves_state_unchanged_on_masked_actions() -> None:
     assert_same(obs, obs2)
     with pytest.raises(ValueError, match="invalid_action"):
         make(True, invalid_action="clip")
+
+
+def test_a_masked_action_acts_as_stop_by_default() -> None:
+    env, twin = make(True), make(True)
+    _, info = env.reset(seed=0)
+    twin.reset(seed=0)
+    masked_index = int(np.flatnonzero(info["action_mask"] == 0)[0])
+    obs, reward, _, _, info2 = env.step(masked_index)
+    obs_t, reward_t, _, _, info_t = twin.step(twin.unwrapped.STOP)
+    assert info2["invalid_action"] is True and info_t["invalid_action"] is False
+    assert reward == reward_t and info2["sim_time_s"] == info_t["sim_time_s"] > 0
+    assert_same(obs, obs_t)
+    strict = make(True, invalid_action="raise")
+    strict.reset(seed=0)
+    with pytest.raises(InvalidActionError, match="masked"):
+        strict.step(masked_index)
 
 
 def test_masks_and_shortfall_phase() -> None:

@@ -100,7 +100,12 @@ class SchedulingEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
     (index K + j), and the iteration runs once the chosen victims would free the missing
     blocks (or every visible running slot is chosen). This variant has no shed action.
     ``action_masks()`` (int8, safe before
-    ``reset``: STOP only) and ``info["action_mask"]`` give the allowed indices.
+    ``reset``: STOP only) and ``info["action_mask"]`` give the allowed indices. A masked (or
+    malformed) action acts as STOP by default (``invalid_action="stop"``: the iteration runs
+    with the choices made so far; on a shortfall the engine picks the remaining victims as
+    vLLM does) and the step's ``info["invalid_action"]`` is True; this is what lets checkers
+    that sample actions without masks (Gymnasium's and SB3's ``check_env``) run with default
+    arguments. ``"noop"`` ignores the action instead, ``"raise"`` raises.
 
     ## Observation Space
 
@@ -218,7 +223,8 @@ class SchedulingEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
     | latency_weight     | 0.0              | shaping weight of ``latency``                 |
     | max_steps          | None             | truncate after this many steps (int)          |
     | capacity_rps       | None (measured)  | service rate mu used for load scaling         |
-    | invalid_action     | "raise"          | masked variant: "raise" or "noop" on a masked |
+    | invalid_action     | "stop" (masked)  | masked variant, on a masked or malformed      |
+    |                    |                  | action: "stop" (acts as STOP), "noop", "raise"|
     | render_mode        | None             | "ansi" (text) or "rgb_array" (96x192x3 uint8) |
 
     A step is one call of the compiled kernel (:mod:`cbgym.env.kernel_ops`: the decision, the
@@ -272,11 +278,12 @@ class SchedulingEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
         max_steps: int | None = None,
         capacity_rps: float | None = None,
         masked: bool = False,
-        invalid_action: Literal["raise", "noop"] = "raise",
+        invalid_action: Literal["stop", "noop", "raise"] = "stop",
         render_mode: str | None = None,
     ) -> None:
-        if invalid_action not in ("raise", "noop"):
-            raise ValueError(f"invalid_action={invalid_action!r}: expected 'raise' or 'noop'")
+        if invalid_action not in ("stop", "noop", "raise"):
+            raise ValueError(f"invalid_action={invalid_action!r}: expected 'stop', 'noop' "
+                             "or 'raise'")
         check_args(K, R, episode_requests, window_rule, hold_threshold, shed_threshold,
                     max_steps, render_mode, self.metadata["render_modes"])
         self._trace_arg = DEFAULT_TRACE if trace is None else trace
@@ -419,7 +426,9 @@ class SchedulingEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
             except InvalidActionError:
                 if self.invalid_action == "raise":
                     raise
-                outcome, invalid = None, True
+                invalid = True  # "stop": run the iteration with the choices made so far
+                outcome = self._micro_step(self.STOP, checked=False) \
+                    if self.invalid_action == "stop" else None
         else:
             outcome = sim.run_scores(action)
             self._new_point()
@@ -436,11 +445,12 @@ class SchedulingEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
             info["invalid_action"] = invalid
         return obs, reward, terminated, truncated, info
 
-    def _micro_step(self, action: object) -> StepOutcome | None:
+    def _micro_step(self, action: object, checked: bool = True) -> StepOutcome | None:
         ms = self._micro
         assert ms is not None
         K, R = self.K, self.R
-        i = check_discrete(action, ms.mask(K, R), lambda j: ms.describe(j, K, R))
+        i = check_discrete(action, ms.mask(K, R), lambda j: ms.describe(j, K, R)) \
+            if checked else self.STOP
         if i != self.STOP:
             ms.choose(i, K)
         if i != self.STOP and not ms.ready():
