@@ -139,16 +139,16 @@ class LearnedPolicy(Policy):
         self._es: Any = None  # the env's side of the compiled step, made at the first decision
         self.idle_overrides = 0  # decisions where the engine-idling guard stepped in
 
-    def _observe(self, dp: DecisionPoint, chosen_w: list[int] | None = None,
-                 chosen_r: list[int] | None = None) -> dict[str, np.ndarray]:
+    def _observe(self, dp: DecisionPoint, chosen_w: np.ndarray | None = None,
+                 chosen_r: np.ndarray | None = None) -> dict[str, np.ndarray]:
         """The env's own observation of ``dp`` (its compiled encoder and windows)."""
         from cbgym.env import kernel_ops as ko
         from cbgym.env.episode import obs_dict
 
         none = np.empty(0, np.int64)
         raw = ko.observe(dp.kernel_state, self._es, False,
-                         none if not chosen_w else np.array(chosen_w, np.int64),
-                         none if not chosen_r else np.array(chosen_r, np.int64))
+                         none if chosen_w is None else np.ascontiguousarray(chosen_w),
+                         none if chosen_r is None else np.ascontiguousarray(chosen_r))
         return obs_dict(raw)[0]
 
     def _windows(self, dp: DecisionPoint) -> tuple[np.ndarray, np.ndarray]:
@@ -195,29 +195,28 @@ class LearnedPolicy(Policy):
     def _decide_masked(self, dp: DecisionPoint, w_ids: np.ndarray,
                        r_ids: np.ndarray) -> Decision:
         """Micro-steps as ``SchedulingMasked-v0`` plays them, until STOP or nothing is left."""
-        from cbgym.env.action import MicroStepState
+        from cbgym.env import micro_ops as mo
+        from cbgym.env.action import MicroSteps
 
         K, R = self.K, self.R
-        frees = np.empty(0, np.int64)
-        if dp.shortfall_blocks > 0:  # what each victim frees (``SchedulingEnv._victim_frees``)
-            frees = (dp.kv_blocks_held[dp.running] + dp.running_need_blocks)[-R:]
-        ms = MicroStepState(dp.shortfall_blocks, len(w_ids), len(r_ids), frees)
+        ms = MicroSteps(K, R)
+        ms.begin(self._es, False)
         # NOTE: STOP before any admission with nothing running would idle the engine: refused
         idle = len(dp.running) == 0 and dp.shortfall_blocks == 0 and len(w_ids) > 0
         while True:
             logits = self._forward(self._observe(dp, ms.chosen_w, ms.chosen_r))
-            mask = ms.mask(K, R).copy()
+            mask = ms.mask.copy()
             i = _masked_argmax(logits, mask)
-            if i == K + R and idle and not ms.chosen_w:
+            if i == K + R and idle and not len(ms.chosen_w):
                 mask[K + R] = 0
                 i = _masked_argmax(logits, mask)
                 self.idle_overrides += 1
-            if i == K + R:
+            if i == K + R or ms.choose(dp.kernel_state, self._es, i) == mo.READY:
                 break
-            ms.choose(i, K)
-            if ms.ready():
-                break
-        return ms.decision(w_ids, r_ids)
+        if dp.shortfall_blocks > 0:
+            # order=None: should the engine not preempt, it admits as vLLM would
+            return Decision(victims=r_ids[ms.chosen_r])
+        return Decision(order=w_ids[ms.chosen_w])
 
     def _predict(self, obs: dict[str, np.ndarray]) -> np.ndarray:
         """The deterministic scores, as ``policy.predict(obs, deterministic=True)`` gives them

@@ -3,21 +3,21 @@
 ``cbgym/Scheduling-v0`` takes a ``Box(-1, 1, (K + R,), float32)`` of scores, laid out as
 :class:`ScoreLayout` says (waiting slots, then running slots; deflection dimensions for the
 disaggregated variant will be appended after them, never inserted). ``cbgym/SchedulingMasked-v0``
-takes one ``Discrete(K + R + 1)`` index per micro-step (see :class:`MicroStepState`). Score
+takes one ``Discrete(K + R + 1)`` index per micro-step (see :class:`MicroSteps`). Score
 vectors are decoded by the compiled step (:func:`cbgym.env.kernel_ops.decode_scores`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 from gymnasium.error import InvalidAction
 
-from cbgym.engine.decision import Decision
+from cbgym.env import micro_ops as mo
 
-__all__ = ["InvalidActionError", "MicroStepState", "ScoreLayout", "check_discrete",
+__all__ = ["InvalidActionError", "MicroSteps", "ScoreLayout", "check_discrete",
            "check_scores"]
 
 SHED_REASON = "shed_by_agent"
@@ -94,74 +94,54 @@ def check_discrete(action: object, mask: np.ndarray, describe: Callable[[int], s
     return i
 
 
-@dataclass(slots=True)
-class MicroStepState:
-    """Choices made so far at one decision point of ``SchedulingMasked-v0``.
+class MicroSteps:
+    """One env's micro-step state at its decision point: the arrays the compiled micro-step
+    functions (:mod:`cbgym.env.micro_ops`) read and write, and why an action is masked.
 
     Outside a shortfall the agent admits visible waiting slots one per step (building
-    ``Decision.order``) until STOP or until every visible waiting slot is chosen. On a shortfall
-    it names victims among the visible running slots one per step until the chosen victims
-    would free enough blocks (or no visible running slot is left); waiting slots and STOP are
-    masked then, since an iteration that preempts admits nothing (vLLM v1).
+    ``Decision.order``) until STOP or until every visible waiting slot is chosen. On a
+    shortfall it names victims among the visible running slots one per step until the chosen
+    victims would free enough blocks (or no visible running slot is left); waiting slots and
+    STOP are masked then, since an iteration that preempts admits nothing (vLLM v1).
     """
 
-    shortfall: int  # blocks missing (0 = admission phase)
-    n_waiting: int
-    n_running: int
-    frees: np.ndarray  # blocks each visible running slot would free if preempted
-    chosen_w: list[int] = field(default_factory=list)
-    chosen_r: list[int] = field(default_factory=list)
-    _mask: np.ndarray | None = None  # kept up to date by choose()
+    def __init__(self, K: int, R: int) -> None:
+        self.K, self.R = K, R
+        self.m = np.zeros(mo.micro_size(K, R), np.int64)
+        self.mask = np.zeros(K + R + 1, np.int8)
+        self.mask[K + R] = 1  # before the first decision point: STOP only
 
-    def mask(self, K: int, R: int) -> np.ndarray:
-        """The allowed actions now (int8; the caller copies it before handing it out)."""
-        if self._mask is None:
-            m = np.zeros(K + R + 1, dtype=np.int8)
-            if self.shortfall > 0:
-                m[K:K + self.n_running] = 1
-                m[[K + j for j in self.chosen_r]] = 0
-            else:
-                m[: self.n_waiting] = 1
-                m[self.chosen_w] = 0
-                m[K + R] = 1
-            self._mask = m
-        return self._mask
+    def begin(self, es: object, done: bool) -> None:
+        """A new decision point of the env state ``es``."""
+        mo.begin_point(es, self.m, self.mask, done)
 
-    def choose(self, i: int, K: int) -> None:
-        """Record an allowed, non-STOP choice: waiting slot i (< K) or running slot i - K."""
-        if i < K:
-            self.chosen_w.append(i)
-        else:
-            self.chosen_r.append(i - K)
-        if self._mask is not None:
-            self._mask[i] = 0
+    def choose(self, s: object, es: object, i: int) -> int:
+        """Record allowed action i: micro_ops.MORE or READY."""
+        return int(mo.choose(s, es, self.m, self.mask, np.int64(i)))
 
-    def describe(self, i: int, K: int, R: int) -> str:
-        """Why index ``i`` is (or would be) masked."""
+    @property
+    def chosen_w(self) -> np.ndarray:
+        return self.m[mo.CHOSEN:mo.CHOSEN + self.m[mo.N_CHOSEN_W]]
+
+    @property
+    def chosen_r(self) -> np.ndarray:
+        at = mo.CHOSEN + self.K
+        return self.m[at:at + self.m[mo.N_CHOSEN_R]]
+
+    def describe(self, i: int, shortfall: int, n_waiting: int, n_running: int) -> str:
+        """Why index ``i`` is masked at this point."""
+        K, R = self.K, self.R
         if i == K + R:
             return "STOP is not allowed while memory runs short (choose a victim)"
         if i < K:
-            if self.shortfall > 0:
+            if shortfall > 0:
                 return "memory runs short: only running slots (victims) are allowed"
-            if i >= self.n_waiting:
+            if i >= n_waiting:
                 return f"waiting slot {i} is empty"
             return f"waiting slot {i} was already chosen"
         j = i - K
-        if self.shortfall <= 0:
+        if shortfall <= 0:
             return "no memory shortfall: running slots are chosen only as victims"
-        if j >= self.n_running:
+        if j >= n_running:
             return f"running slot {j} is empty"
         return f"running slot {j} was already chosen"
-
-    def ready(self) -> bool:
-        """Whether the iteration can run without another choice."""
-        if self.shortfall > 0:
-            freed = int(self.frees[self.chosen_r].sum()) if self.chosen_r else 0
-            return freed >= self.shortfall or len(self.chosen_r) >= self.n_running
-        return len(self.chosen_w) >= self.n_waiting
-
-    def decision(self, w_ids: np.ndarray, r_ids: np.ndarray) -> Decision:
-        if self.shortfall > 0:
-            # order=None: should the engine end up not preempting, it admits as vLLM would
-            return Decision(victims=r_ids[self.chosen_r])
-        return Decision(order=w_ids[self.chosen_w])

@@ -17,6 +17,7 @@ from cbgym.engine import layout as L
 from cbgym.engine.engine import Engine, EngineStuckError
 from cbgym.engine.jit import bind
 from cbgym.env import kernel_ops as ko
+from cbgym.env import micro_ops as mo
 from cbgym.env.action import check_scores
 from cbgym.env.observation import slot_template
 from cbgym.env.reward import StepOutcome
@@ -69,8 +70,9 @@ class Episode:
                                    True)
         self._finish = bind(ko.finish_step, s, es, True)
         self._observe = bind(ko.observe, s, es, True, _EMPTY, _EMPTY)
+        self._run_point = bind(mo.run_point, s, p, es, np.zeros(mo.micro_size(1, 1), np.int64))
 
-    _BOUND = ("_step_scores", "_step_decision", "_finish", "_observe")
+    _BOUND = ("_step_scores", "_step_decision", "_finish", "_observe", "_run_point")
 
     def __getstate__(self) -> dict:
         return {name: v for name, v in self.__dict__.items() if name not in self._BOUND}
@@ -131,6 +133,11 @@ class Episode:
             victims is not None)
         return self._settle(code, obs, outcome)
 
+    def run_point(self, m: np.ndarray) -> StepOutcome:
+        """Run the pending iteration under the micro-steps chosen in ``m`` (micro_ops)."""
+        eng = self.engine
+        return self._settle(*self._run_point(eng.state, eng.params, self.es, m))
+
     def _settle(self, code: int, obs: tuple, outcome: np.ndarray) -> StepOutcome:
         eng = self.engine
         if code == L.AT_DECISION or code == L.DRAINED:
@@ -148,18 +155,14 @@ class Episode:
         return StepOutcome(self.weights.combine(comp), comp, int(finished), int(good),
                            int(shed), elapsed)
 
-    def victim_frees(self) -> np.ndarray:
-        """Blocks each visible running request would free if preempted now (held + needed)."""
-        s = self.engine.state
-        n = int(s.si[L.N_RUN])
-        held = s.req[L.HELD, s.ids[L.RUN_Q, :n]] + s.ids[L.PLAN_NEED, :n]
-        return held[-len(self.r_ids):] if len(self.r_ids) else held[:0]
-
-    def observe(self, chosen_w: list[int] | None, chosen_r: list[int] | None) -> Obs:
+    def observe(self, chosen_w: np.ndarray | None, chosen_r: np.ndarray | None) -> Obs:
         """The observation and the exact waiting times of the visible waiting slots."""
-        if self._obs is not None and not chosen_w and not chosen_r:
+        none_chosen = (chosen_w is None or not len(chosen_w)) and (
+            chosen_r is None or not len(chosen_r))
+        if self._obs is not None and none_chosen:
             obs, self._obs = self._obs, None
             return obs
         return obs_dict(self._observe(
-            self.engine.state, self.es, self.done, np.array(chosen_w or (), np.int64),
-            np.array(chosen_r or (), np.int64)))
+            self.engine.state, self.es, self.done,
+            _EMPTY if chosen_w is None else np.ascontiguousarray(chosen_w),
+            _EMPTY if chosen_r is None else np.ascontiguousarray(chosen_r)))

@@ -18,9 +18,11 @@ from gymnasium.error import ResetNeeded
 from cbgym.engine.config import EngineConfig
 from cbgym.engine.decision import DecisionPoint
 from cbgym.engine.engine import Engine
+from cbgym.env import kernel_ops as ko
+from cbgym.env import micro_ops as mo
 from cbgym.env.action import (
     InvalidActionError,
-    MicroStepState,
+    MicroSteps,
     ScoreLayout,
     check_discrete,
     check_scores,
@@ -313,7 +315,7 @@ class SchedulingEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
         self._sim: Episode | None = None
         self._started = False
         self._episode: Trace | None = None
-        self._micro: MicroStepState | None = None
+        self._micro = MicroSteps(K, R) if masked else None
         self._capacity: tuple[Trace, float] | None = None
         self._done = True
         self._steps = 0
@@ -446,32 +448,24 @@ class SchedulingEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
         return obs, reward, terminated, truncated, info
 
     def _micro_step(self, action: object, checked: bool = True) -> StepOutcome | None:
-        ms = self._micro
-        assert ms is not None
-        K, R = self.K, self.R
-        i = check_discrete(action, ms.mask(K, R), lambda j: ms.describe(j, K, R)) \
-            if checked else self.STOP
-        if i != self.STOP:
-            ms.choose(i, K)
-        if i != self.STOP and not ms.ready():
-            return None
-        sim = self._sim
-        assert sim is not None
-        if ms.shortfall > 0:  # order=None: should the engine not preempt, it admits as vLLM
-            outcome = sim.run(None, np.ascontiguousarray(sim.r_ids[ms.chosen_r]))
-        else:
-            outcome = sim.run(np.ascontiguousarray(sim.w_ids[ms.chosen_w]), None)
+        """One micro-step (``checked=False``: a STOP past the mask, for invalid actions)."""
+        ms, sim = self._micro, self._sim
+        assert ms is not None and sim is not None
+        if checked:
+            es = sim.es
+            i = check_discrete(action, ms.mask, lambda j: ms.describe(
+                j, sim.shortfall, int(es.win[ko.NW]), int(es.win[ko.NR])))
+            if ms.choose(sim.engine.state, es, i) == mo.MORE:
+                return None
+        outcome = sim.run_point(ms.m)
         self._new_point()
         return outcome
 
     def _new_point(self) -> None:
         """A new decision point: fresh micro-step choices (masked variant)."""
         sim = self._sim
-        if not self.masked or sim is None or sim.done:
-            self._micro = None
-            return
-        frees = sim.victim_frees() if sim.shortfall > 0 else np.empty(0, np.int64)
-        self._micro = MicroStepState(sim.shortfall, len(sim.w_ids), len(sim.r_ids), frees)
+        if self._micro is not None and sim is not None:
+            self._micro.begin(sim.es, sim.done)
 
     # ------------------------------------------------------------------ views
     def _observe(self, outcome: StepOutcome | None
@@ -506,11 +500,11 @@ class SchedulingEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
         """
         if not self.masked:
             raise AttributeError("action_masks() belongs to cbgym/SchedulingMasked-v0")
-        if self._micro is None or self._done:
+        if self._micro is None or self._done or self._sim is None:
             mask = np.zeros(self.K + self.R + 1, dtype=np.int8)
             mask[self.STOP] = 1
             return mask
-        return self._micro.mask(self.K, self.R).copy()
+        return self._micro.mask.copy()
 
     # ------------------------------------------------------------------ public accessors
     @property
