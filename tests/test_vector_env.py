@@ -216,3 +216,50 @@ def test_reset_info_counts_requests_shed_before_the_first_decision() -> None:
         ended = te or tr
     assert info["num_shed"] + shed_later == 3
     assert vinfo["num_shed"].tolist() == [info["num_shed"]] * 2
+
+
+MASKED = "cbgym/SchedulingMasked-v0"
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_masked_env_i_is_a_single_masked_env(threads: int) -> None:
+    n, steps = 3, 300
+    rng = np.random.default_rng(5)
+    venv = gym.make_vec(MASKED, num_envs=n, num_threads=threads, **FAST)
+    envs = [gym.make(MASKED, **FAST).unwrapped for _ in range(n)]
+    obs, info = venv.reset(seed=2)
+    for i, env in enumerate(envs):
+        e_obs, e_info = env.reset(seed=2 + i)
+        assert same(e_obs, obs, i)
+        assert np.array_equal(e_info["action_mask"], info["action_mask"][i])
+    assert venv.action_masks().shape == (n, 16 + 32 + 1)
+    ended = np.zeros(n, bool)
+    invalid = 0
+    for _ in range(steps):
+        masks = venv.action_masks()
+        # mostly allowed picks, sometimes a masked one (it acts as STOP in both)
+        picks = np.array([rng.choice(np.flatnonzero(m)) if rng.random() < 0.9
+                          else rng.integers(0, len(m)) for m in masks])
+        obs, r, te, tr, info = venv.step(picks)
+        for i, env in enumerate(envs):
+            if ended[i]:
+                e_obs, e_info = env.reset()
+                e_r, e_te, e_tr = 0.0, False, False
+            else:
+                e_obs, e_r, e_te, e_tr, e_info = env.step(int(picks[i]))
+                assert e_info["invalid_action"] == info["invalid_action"][i]
+                invalid += e_info["invalid_action"]
+            assert same(e_obs, obs, i) and (e_r, e_te, e_tr) == (r[i], te[i], tr[i])
+            assert np.array_equal(env.action_masks(), venv.action_masks()[i])
+        ended = te | tr
+    assert invalid > 0
+
+
+def test_masked_vector_env_can_raise_on_masked_picks() -> None:
+    venv = gym.make_vec(MASKED, num_envs=2, invalid_action="raise", **FAST)
+    _, info = venv.reset(seed=0)
+    bad = int(np.flatnonzero(info["action_mask"][1] == 0)[0])
+    with pytest.raises(InvalidActionError, match=r"actions\[1\]"):
+        venv.step(np.array([venv.unwrapped.proto.STOP, bad]))
+    with pytest.raises(InvalidActionError, match="integer picks"):
+        venv.step(np.zeros((2, 3)))

@@ -18,6 +18,7 @@ ENV_IDS = {
 # gymnasium.make_vec(id, num_envs=N) builds these by default (one compiled call per step)
 VECTOR_ENTRY_POINTS = {
     "cbgym/Scheduling-v0": "cbgym.env.vector:SchedulingVectorEnv",
+    "cbgym/SchedulingMasked-v0": "cbgym.env.vector:SchedulingMaskedVectorEnv",
 }
 
 

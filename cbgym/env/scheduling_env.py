@@ -418,7 +418,12 @@ class SchedulingEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
             # every request ended before the first decision (none could ever fit): the
             # action (still checked) has nothing to act on and the episode ends here
             if self.masked:
-                check_discrete(action, self.action_masks(), lambda j: "only STOP: drained")
+                try:
+                    check_discrete(action, self.action_masks(), lambda j: "only STOP: drained")
+                except InvalidActionError:
+                    if self.invalid_action == "raise":
+                        raise
+                    invalid = True
             else:
                 check_scores(action, self.layout.size)
             outcome = None

@@ -41,14 +41,20 @@ from cbgym.engine import layout as L
 from cbgym.engine.engine import compile_params, host_swap_tokens
 from cbgym.engine.jit import bind
 from cbgym.env import kernel_ops as ko
+from cbgym.env import micro_ops as mo
 from cbgym.env import vector_ops as vo
 from cbgym.env.action import InvalidActionError
 from cbgym.env.arguments import check_load
 from cbgym.env.observation import slot_template
-from cbgym.env.scheduling_env import SchedulingEnv, draw_load, draw_start
+from cbgym.env.scheduling_env import (
+    SchedulingEnv,
+    SchedulingMaskedEnv,
+    draw_load,
+    draw_start,
+)
 from cbgym.metrics import slo_arrays
 
-__all__ = ["SchedulingVectorEnv"]
+__all__ = ["SchedulingMaskedVectorEnv", "SchedulingVectorEnv"]
 
 _THREADS_SET = [0]  # the count this module last gave numba.set_num_threads
 REC_ROWS = 256  # time-series rows per env before the buffer is emptied in place
@@ -96,17 +102,13 @@ class SchedulingVectorEnv(VectorEnv):
     def _bind(self) -> None:
         """The batch kernels, bound to this vector's array types (see jit.bind)."""
         self._state_args = (self.S, self.params, self.E, self.V, self.base, self.windows,
-                            self.out)
+                            self.acts, self.out)
         self._tail_args = (self.weights, self.max_steps, np.int64(self.n), self.host_free,
                            self.scratch)
-        z = np.zeros((self.num_envs, self.proto.layout.size))
-        self._step_batch = bind(vo.step_batch, self.S, self.params, self.E, self.V, self.base,
-                                self.windows, self.out, self.final, z, self._no_reset, True,
-                                self.weights, self.max_steps, np.int64(self.n), self.host_free,
-                                self.scratch)
-        self._reset_batch = bind(vo.reset_batch, self.S, self.params, self.E, self.V,
-                                 self.base, self.windows, self.out, self._all, np.int64(self.n),
-                                 self.host_free, self.scratch)
+        self._step_batch = bind(vo.step_batch, *self._state_args, self.final, self._no_reset,
+                                True, *self._tail_args)
+        self._reset_batch = bind(vo.reset_batch, *self._state_args, self._all,
+                                 np.int64(self.n), self.host_free, self.scratch)
 
     def _single_env(self, kwargs: dict[str, Any]) -> SchedulingEnv:
         """The argument checks, spaces and trace of one env (never stepped)."""
@@ -155,6 +157,11 @@ class SchedulingVectorEnv(VectorEnv):
         self.V = np.zeros((N, vo.NUM_V), np.int64)
         self.slices = vo.obs_slices(proto.K, proto.R)
         self.windows = vo.Windows(np.zeros(N, np.int64), np.zeros(N, np.float64))
+        K, R = proto.K, proto.R
+        self.acts = vo.Acts(np.zeros((N, K + R)), np.zeros(N, np.int64),
+                            np.zeros((N, mo.micro_size(K, R)), np.int64),
+                            np.zeros((N, K + R + 1), np.int8),
+                            np.array([proto.masked, proto.invalid_action == "stop"], np.int64))
         self.out, self.final = self._new_out(), self._new_out()
         self.scratch = np.zeros((N, n))
         self.weights = np.array([proto.weights.ttft_miss, proto.weights.shed,
@@ -251,8 +258,8 @@ class SchedulingVectorEnv(VectorEnv):
         for key, value in fixed.items():
             self._fix_window(key, value, mask)
         self._threads()
-        self._reset_batch(self.S, self.params, self.E, self.V, self.base, self.windows, self.out,
-                          mask, np.int64(self.n), self.host_free, self.scratch)
+        self._reset_batch(*self._state_args, mask, np.int64(self.n), self.host_free,
+                          self.scratch)
         self._refill()
         self._autoreset[mask] = False
         self._started = True
@@ -272,7 +279,7 @@ class SchedulingVectorEnv(VectorEnv):
                                           dict[str, Any]]:
         if not self._started:
             raise ResetNeeded("call reset() before step()")
-        a = self._actions(actions)
+        self._actions(actions)
         if self.autoreset_mode == AutoresetMode.DISABLED:
             ended = np.flatnonzero(self.V[:, vo.ENDED])
             if len(ended):
@@ -282,9 +289,9 @@ class SchedulingVectorEnv(VectorEnv):
         reset = self._autoreset if self.autoreset_mode == AutoresetMode.NEXT_STEP \
             else self._no_reset
         self._threads()
-        started = self._step_batch(*self._state_args, self.final, a, reset, same,
-                                   *self._tail_args)
+        started = self._step_batch(*self._state_args, self.final, reset, same, *self._tail_args)
         if started < 0:
+            a = self.acts.scores
             i, j = divmod(-1 - started, a.shape[1])
             raise InvalidActionError(f"actions[{i}, {j}] is {a[i, j]}; scores must be finite "
                                      "and in [-1, 1] (clip the policy's output)")
@@ -310,21 +317,23 @@ class SchedulingVectorEnv(VectorEnv):
             numba.set_num_threads(self.num_threads)
             _THREADS_SET[0] = self.num_threads
 
-    def _actions(self, actions: Any) -> np.ndarray:
-        """The actions as a contiguous (N, K + R) float64 array (ranges: the kernel)."""
-        a = actions
-        if not (isinstance(a, np.ndarray) and a.dtype == np.float64 and a.flags.c_contiguous):
-            try:
-                a = np.ascontiguousarray(actions, dtype=np.float64)
-            except (TypeError, ValueError) as exc:
-                raise InvalidActionError(
-                    f"actions must be a float array of shape ({self.num_envs}, "
-                    f"{self.proto.layout.size}): {exc}") from exc
-        if a.shape != (self.num_envs, self.proto.layout.size):
-            raise InvalidActionError(
-                f"actions have shape {a.shape}; expected ({self.num_envs}, "
-                f"{self.proto.layout.size}) (one score vector per env)")
-        return a
+    def _actions(self, actions: Any) -> None:
+        """Copy the actions into the kernel's buffer: (N, K + R) scores (their ranges are
+        checked by the kernel)."""
+        size = self.proto.layout.size
+        try:
+            a = np.asarray(actions, dtype=np.float64)
+        except (TypeError, ValueError) as exc:
+            raise InvalidActionError(f"actions must be a float array of shape "
+                                     f"({self.num_envs}, {size}): {exc}") from exc
+        if a.shape != (self.num_envs, size):
+            raise InvalidActionError(f"actions have shape {a.shape}; expected "
+                                     f"({self.num_envs}, {size}) (one score vector per env)")
+        self.acts.scores[:] = a
+
+    def action_masks(self) -> np.ndarray:
+        """The allowed picks of every env (masked variant): int8, (N, K + R + 1)."""
+        raise AttributeError("action_masks() belongs to cbgym/SchedulingMasked-v0")
 
     # ------------------------------------------------------------------ outputs
     def _observation(self, out: vo.Out | None = None, copy: bool | None = None) -> Any:
@@ -341,7 +350,7 @@ class SchedulingVectorEnv(VectorEnv):
         ii, ff = out.info_i.copy(), out.info_f.copy()
         m = mask
         # rows in the order of vo's I_ and F_ names
-        finished, good, shed, iterations, _, _, _ = ii
+        finished, good, shed, iterations, *_ = ii
         _, goodput, ttft_miss, shed_c, latency, now, elapsed = ff
         infos: dict[str, Any] = {
             "reward_components": {
@@ -355,6 +364,9 @@ class SchedulingVectorEnv(VectorEnv):
             "_sim_time_elapsed": m,
             "waiting_time_in_system_s": out.waited.copy(), "_waiting_time_in_system_s": m,
         }
+        if self.proto.masked:
+            infos["action_mask"], infos["_action_mask"] = self.acts.mask.copy(), m
+            infos["invalid_action"], infos["_invalid_action"] = ii[vo.I_INVALID] != 0, m
         stuck = (ii[vo.I_STUCK] != 0) & m
         if stuck.any():
             reason = np.full(self.num_envs, None, dtype=object)
@@ -384,3 +396,41 @@ def make_vector(env_id: str, num_envs: int, **kwargs: Any) -> gym.vector.VectorE
     """``gymnasium.make_vec`` with the native vector env (a shortcut for scripts)."""
     return gym.make_vec(env_id, num_envs=num_envs, vectorization_mode="vector_entry_point",
                         **kwargs)
+
+
+class SchedulingMaskedVectorEnv(SchedulingVectorEnv):
+    """N ``cbgym/SchedulingMasked-v0`` envs: one ``Discrete(K + R + 1)`` pick per env and
+    step, ``action_masks()`` batched (N, K + R + 1) for MaskablePPO. A masked pick acts as the
+    single env's ``invalid_action`` says ("stop" by default; "raise" checks every pick
+    before anything steps)."""
+
+    def _single_env(self, kwargs: dict[str, Any]) -> SchedulingEnv:
+        return SchedulingMaskedEnv(**kwargs)
+
+    def _actions(self, actions: Any) -> None:
+        try:
+            a = np.asarray(actions)
+            ok = a.shape == (self.num_envs,) and (a.dtype.kind in "iu" or a.dtype == np.bool_)
+        except (TypeError, ValueError):
+            ok = False
+        if not ok:
+            raise InvalidActionError(f"actions must be {self.num_envs} integer picks in "
+                                     f"[0, {self.proto.STOP}], got {actions!r}")
+        picks = self.acts.picks
+        picks[:] = a
+        if self.proto.invalid_action == "raise":
+            inside = (picks >= 0) & (picks <= self.proto.STOP)
+            allowed = inside & (self.acts.mask[np.arange(self.num_envs),
+                                               np.where(inside, picks, 0)] != 0)
+            if not allowed.all():
+                i = int(np.flatnonzero(~allowed)[0])
+                raise InvalidActionError(f"actions[{i}] = {int(picks[i])} is masked; allowed: "
+                                         f"{np.flatnonzero(self.acts.mask[i]).tolist()}")
+
+    def action_masks(self) -> np.ndarray:
+        """The allowed picks of every env: int8, (N, K + R + 1) (STOP only before reset)."""
+        if not self._started:
+            mask = np.zeros_like(self.acts.mask)
+            mask[:, self.proto.STOP] = 1
+            return mask
+        return self.acts.mask.copy()

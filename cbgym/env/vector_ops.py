@@ -30,14 +30,16 @@ from cbgym.engine.jit import kernel, parallel_kernel
 from cbgym.engine.layout import Params, State, fill_state
 from cbgym.engine.loop import advance
 from cbgym.env import kernel_ops as ko
+from cbgym.env import micro_ops as mo
 from cbgym.env.kernel_ops import EnvState
 
 # v: per-env counters (int64)
 STEPS, LAST_ITER, ENDED, STUCK, DRAINED, WANTS_WINDOW, START, SHED_AT_START = L._codes(8)
 NUM_V = 8
 # info_i columns: what a step produced (int64)
-I_FINISHED, I_GOOD, I_SHED, I_ITERATIONS, I_STUCK, I_TERMINATED, I_TRUNCATED = L._codes(7)
-NUM_I = 7
+(I_FINISHED, I_GOOD, I_SHED, I_ITERATIONS, I_STUCK, I_TERMINATED, I_TRUNCATED,
+ I_INVALID) = L._codes(8)
+NUM_I = 8
 # info_f columns (float64): the reward's components, the clock, the step's simulated time
 F_REWARD, F_GOODPUT, F_TTFT_MISS, F_SHED, F_LATENCY, F_NOW, F_ELAPSED = L._codes(7)
 NUM_F = 7
@@ -60,6 +62,16 @@ class Windows(NamedTuple):
 
     start: np.ndarray  # (N,) int64
     load: np.ndarray  # (N,) float64
+
+
+class Acts(NamedTuple):
+    """The step's actions and the masked variant's micro-step state, one row per env."""
+
+    scores: np.ndarray  # (N, K + R) float64: Scheduling-v0's actions
+    picks: np.ndarray  # (N,) int64: SchedulingMasked-v0's actions
+    m: np.ndarray  # (N, micro_ops.micro_size) int64: the choices made at the point
+    mask: np.ndarray  # (N, K + R + 1) int8: the allowed picks
+    mode: np.ndarray  # (2,) int64: [masked, on a masked pick: 1 = STOP, 0 = no-op]
 
 
 class Out(NamedTuple):
@@ -158,7 +170,8 @@ def clear_outcome(out: Out, i: int) -> None:
 
 @kernel
 def start_episode(s: State, p: Params, e: EnvState, v: np.ndarray, base: Base, start: int,
-                  load: float, n: int, host_free: int, scratch: np.ndarray) -> tuple:
+                  load: float, n: int, host_free: int, scratch: np.ndarray, m: np.ndarray,
+                  mask: np.ndarray) -> tuple:
     """Start env's next episode on requests [start, start + n) of the base trace, at
     ``load`` (NaN: unscaled), and advance to its first decision point. The observation."""
     b = base.arrival
@@ -182,48 +195,73 @@ def start_episode(s: State, p: Params, e: EnvState, v: np.ndarray, base: Base, s
     v[SHED_AT_START] = ko.account_sheds(s, e)
     v[STEPS], v[LAST_ITER], v[ENDED], v[STUCK] = 0, 0, 0, 0
     v[DRAINED], v[START], v[WANTS_WINDOW] = drained, start, 1
+    mo.begin_point(e, m, mask, drained)
     none = np.empty(0, np.int64)
     return ko.observe(s, e, drained, none, none)
 
 
 @kernel
-def step_scores_env(s: State, p: Params, e: EnvState, v: np.ndarray, a: np.ndarray,
-                    out: Out, i: int, weights: np.ndarray, max_steps: int) -> None:
-    """One Scheduling-v0 step of env i (SchedulingEnv.step on validated scores)."""
+def finish_run(s: State, p: Params, e: EnvState, v: np.ndarray, out: Out, i: int,
+               weights: np.ndarray, code: int, obs: tuple, outcome: np.ndarray) -> None:
+    """After a decision ran (Episode._settle): settle the engine, score, observe."""
+    if code != L.AT_DECISION and code != L.DRAINED:
+        code = settle(s, p, code)
+        if code == L.TOO_MANY_IDLE_TICKS:
+            v[STUCK] = 1
+            out.info_i[I_STUCK, i] = 1
+        obs, outcome = ko.finish_step(s, e, code == L.DRAINED)
+    v[DRAINED] = code == L.DRAINED
+    iteration = s.si[L.ITERATION]
+    write_outcome(out, i, outcome, weights, iteration - v[LAST_ITER])
+    v[LAST_ITER] = iteration
+    write_obs(out, i, obs, e.cfg_i[ko.K_SLOTS], e.cfg_i[ko.R_SLOTS])
+
+
+@kernel
+def step_env(s: State, p: Params, e: EnvState, v: np.ndarray, acts: Acts, out: Out, i: int,
+             weights: np.ndarray, max_steps: int) -> None:
+    """One step of env i: SchedulingEnv.step on validated scores, or SchedulingMaskedEnv's
+    micro-step on a pick (a masked pick acts as STOP or as a no-op, by ``acts.mode``)."""
     K, R = e.cfg_i[ko.K_SLOTS], e.cfg_i[ko.R_SLOTS]
+    m, mask = acts.m[i], acts.mask[i]
     clear_outcome(out, i)
     if v[DRAINED]:  # every request ended before the first decision: nothing to act on
         none = np.empty(0, np.int64)
         write_obs(out, i, ko.observe(s, e, True, none, none), K, R)
         out.info_i[I_TERMINATED, i] = True
+        if acts.mode[0] and acts.picks[i] != K + R:
+            out.info_i[I_INVALID, i] = 1
+    elif not acts.mode[0]:
+        code, obs, outcome = ko.step_scores(s, p, e, acts.scores[i])
+        finish_run(s, p, e, v, out, i, weights, code, obs, outcome)
     else:
-        code, obs, outcome = ko.step_scores(s, p, e, a)
-        if code != L.AT_DECISION and code != L.DRAINED:
-            code = settle(s, p, code)
-            if code == L.TOO_MANY_IDLE_TICKS:
-                v[STUCK] = 1
-                out.info_i[I_STUCK, i] = 1
-            obs, outcome = ko.finish_step(s, e, code == L.DRAINED)
-        v[DRAINED] = code == L.DRAINED
-        iteration = s.si[L.ITERATION]
-        write_outcome(out, i, outcome, weights, iteration - v[LAST_ITER])
-        v[LAST_ITER] = iteration
-        write_obs(out, i, obs, K, R)
-        out.info_i[I_TERMINATED, i] = v[DRAINED] != 0
+        pick = mo.choose(s, e, m, mask, acts.picks[i])
+        if pick == mo.MASKED:
+            out.info_i[I_INVALID, i] = 1
+            pick = mo.READY if acts.mode[1] else mo.MORE
+        if pick == mo.MORE:
+            write_obs(out, i, mo.observe_point(s, e, m), K, R)
+        else:
+            code, obs, outcome = mo.run_point(s, p, e, m)
+            finish_run(s, p, e, v, out, i, weights, code, obs, outcome)
+            mo.begin_point(e, m, mask, v[DRAINED] != 0 or v[STUCK] != 0)
+    out.info_i[I_TERMINATED, i] = v[DRAINED] != 0
     v[STEPS] += 1
     out.info_i[I_TRUNCATED, i] = not out.info_i[I_TERMINATED, i] and (
         v[STUCK] != 0 or (max_steps >= 0 and v[STEPS] >= max_steps))
     out.info_f[F_NOW, i] = s.sf[L.NOW]
     v[ENDED] = out.info_i[I_TERMINATED, i] or out.info_i[I_TRUNCATED, i]
+    if v[ENDED]:
+        mo.begin_point(e, m, mask, True)  # STOP only until the next episode
 
 
 @kernel
 def begin(S: State, p: Params, E: EnvState, V: np.ndarray, base: Base, win: Windows,
-          out: Out, i: int, n: int, host_free: int, scratch: np.ndarray) -> None:
+          acts: Acts, out: Out, i: int, n: int, host_free: int, scratch: np.ndarray) -> None:
     """Env i starts its drawn window; row i gets the reset's observation and info."""
     s, e = engine_at(S, i), env_at(E, i)
     obs = start_episode(s, p, e, V[i], base, win.start[i], win.load[i], n, host_free,
-                        scratch[i])
+                        scratch[i], acts.m[i], acts.mask[i])
     write_obs(out, i, obs, E.cfg_i[ko.K_SLOTS], E.cfg_i[ko.R_SLOTS])
     clear_outcome(out, i)
     out.info_i[I_SHED, i] = V[i, SHED_AT_START]
@@ -232,7 +270,7 @@ def begin(S: State, p: Params, E: EnvState, V: np.ndarray, base: Base, win: Wind
 
 @kernel
 def begin_again(S: State, p: Params, E: EnvState, V: np.ndarray, base: Base, win: Windows,
-                out: Out, final: Out, i: int, n: int, host_free: int,
+                acts: Acts, out: Out, final: Out, i: int, n: int, host_free: int,
                 scratch: np.ndarray) -> None:
     """Same-step autoreset of env i: its ending step moves to ``final`` and the next episode
     begins; the reward and flags in ``out`` stay the ending step's.
@@ -241,7 +279,7 @@ def begin_again(S: State, p: Params, E: EnvState, V: np.ndarray, base: Base, win
     restored flags, while the same code compiled serially kept them.)
     """
     copy_row(out, final, i)
-    begin(S, p, E, V, base, win, out, i, n, host_free, scratch)
+    begin(S, p, E, V, base, win, acts, out, i, n, host_free, scratch)
     out.info_f[F_REWARD, i] = final.info_f[F_REWARD, i]
     out.info_i[I_TERMINATED, i] = final.info_i[I_TERMINATED, i]
     out.info_i[I_TRUNCATED, i] = final.info_i[I_TRUNCATED, i]
@@ -249,12 +287,12 @@ def begin_again(S: State, p: Params, E: EnvState, V: np.ndarray, base: Base, win
 
 @parallel_kernel
 def reset_batch(S: State, p: Params, E: EnvState, V: np.ndarray, base: Base, win: Windows,
-                out: Out, mask: np.ndarray, n: int, host_free: int, scratch: np.ndarray,
-                ) -> None:
-    """Start a new episode in every env with ``mask[i]`` (its drawn window)."""
-    for i in numba.prange(len(mask)):
-        if mask[i]:
-            begin(S, p, E, V, base, win, out, i, n, host_free, scratch)
+                acts: Acts, out: Out, which: np.ndarray, n: int, host_free: int,
+                scratch: np.ndarray) -> None:
+    """Start a new episode in every env with ``which[i]`` (its drawn window)."""
+    for i in numba.prange(len(which)):
+        if which[i]:
+            begin(S, p, E, V, base, win, acts, out, i, n, host_free, scratch)
 
 
 @kernel
@@ -269,7 +307,7 @@ def first_invalid(actions: np.ndarray) -> int:
 
 @parallel_kernel
 def step_batch(S: State, p: Params, E: EnvState, V: np.ndarray, base: Base, win: Windows,
-               out: Out, final: Out, actions: np.ndarray, reset: np.ndarray,
+               acts: Acts, out: Out, final: Out, reset: np.ndarray,
                same_step: bool, weights: np.ndarray, max_steps: int, n: int,
                host_free: int, scratch: np.ndarray) -> int:
     """Step every env: those in ``reset`` start their next episode instead (next-step
@@ -280,17 +318,18 @@ def step_batch(S: State, p: Params, E: EnvState, V: np.ndarray, base: Base, win:
     Returns how many envs started an episode (their next windows are to be drawn), or
     ``-1 - j`` with nothing done when the score at flat index j is invalid.
     """
-    bad = first_invalid(actions)
-    if bad >= 0:
-        return -1 - bad
+    if not acts.mode[0]:
+        bad = first_invalid(acts.scores)
+        if bad >= 0:
+            return -1 - bad
     for i in numba.prange(len(reset)):
         if reset[i]:
-            begin(S, p, E, V, base, win, out, i, n, host_free, scratch)
+            begin(S, p, E, V, base, win, acts, out, i, n, host_free, scratch)
         else:
-            step_scores_env(engine_at(S, i), p, env_at(E, i), V[i], actions[i], out, i,
-                            weights, max_steps)
+            step_env(engine_at(S, i), p, env_at(E, i), V[i], acts, out, i, weights, max_steps)
             if same_step and V[i, ENDED]:
-                begin_again(S, p, E, V, base, win, out, final, i, n, host_free, scratch)
+                begin_again(S, p, E, V, base, win, acts, out, final, i, n, host_free,
+                            scratch)
     started = 0
     for i in range(len(reset)):
         started += V[i, WANTS_WINDOW]
