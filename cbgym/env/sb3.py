@@ -223,9 +223,12 @@ def make_sb3_vec_env(env_id: str, num_envs: int, seed: int | None = None,
     """``gym.make_vec(env_id, ...)`` with same-step autoreset, wrapped in :class:`SB3VecEnv`.
 
     Uses the id's vector entry point (given ``autoreset_mode=`` as a keyword) when it has one,
-    else a ``"sync"`` vector env. ``seed`` seeds the first reset (env i gets ``seed + i``).
+    else a ``"sync"`` vector env of single envs; also that when a ``render_mode`` is asked for
+    (cbgym's native vector envs do not render: video comes from single envs).
+    ``seed`` seeds the first reset (env i gets ``seed + i``).
     """
-    if gym.spec(env_id).vector_entry_point is not None:
+    native = gym.spec(env_id).vector_entry_point is not None
+    if native and env_kwargs.get("render_mode") is None:
         venv = gym.make_vec(env_id, num_envs=num_envs, autoreset_mode=AutoresetMode.SAME_STEP,
                             **env_kwargs)
     else:
