@@ -45,6 +45,7 @@ import numpy as np
 _BOUND: dict[tuple, Any] = {}
 _ANNOUNCED = False
 COLD_START_HINT_S = 20  # what the notice promises on a 2-core machine (bench_cold_start.py)
+VECTOR_HINT_S = 40  # the batched kernels of cbgym.env.vector_ops (parallel: slower to build)
 PACKAGE = Path(__file__).resolve().parents[1]
 STAMP_FILE = "cbgym-kernels.stamp"
 _DEFINES_KERNEL = re.compile(r"^@(no_alloc_|parallel_)?kernel$", re.M)
@@ -142,8 +143,9 @@ def _announce(fn: Any) -> None:
         return
     _ANNOUNCED = True
     where = getattr(getattr(fn, "_cache", None), "cache_path", None) or "numba's cache"
-    print(f"cbgym: compiling the engine kernels for this machine (once, about "
-          f"{COLD_START_HINT_S} s on 2 cores; cached in {where})", file=sys.stderr, flush=True)
+    print(f"cbgym: compiling the engine kernels for this machine (once: about "
+          f"{COLD_START_HINT_S} s on 2 cores, {VECTOR_HINT_S} s more for a vector env; cached "
+          f"in {where})", file=sys.stderr, flush=True)
 
 
 def bind(fn: Any, *args: object) -> Callable:
