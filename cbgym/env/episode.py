@@ -70,7 +70,7 @@ class Episode:
                                    True)
         self._finish = bind(ko.finish_step, s, es, True)
         self._observe = bind(ko.observe, s, es, True, _EMPTY, _EMPTY)
-        self._run_point = bind(mo.run_point, s, p, es, np.zeros(mo.micro_size(1, 1), np.int64))
+        self._run_point = None  # the masked variant's, bound on first use
 
     _BOUND = ("_step_scores", "_step_decision", "_finish", "_observe", "_run_point")
 
@@ -136,6 +136,8 @@ class Episode:
     def run_point(self, m: np.ndarray) -> StepOutcome:
         """Run the pending iteration under the micro-steps chosen in ``m`` (micro_ops)."""
         eng = self.engine
+        if self._run_point is None:
+            self._run_point = bind(mo.run_point, eng.state, eng.params, self.es, m)
         return self._settle(*self._run_point(eng.state, eng.params, self.es, m))
 
     def _settle(self, code: int, obs: tuple, outcome: np.ndarray) -> StepOutcome:

@@ -118,7 +118,8 @@ def fill_env_state(e: EnvState, arrival_s: np.ndarray, ttft_target: np.ndarray,
         t[DEADLINE, j] = arrival_s[j] + ttft_target[j]
         for f in range(F):
             e.template[j, f] = template[j, f]
-    dl_order = np.argsort(t[DEADLINE], kind="mergesort")  # stable: ties in id order
+    dl_order = np.arange(n)
+    sort_by_key(dl_order, n, t[DEADLINE], np.empty(n, np.int64))  # stable: ties in id order
     e.arr_prefix[0] = 0.0
     for j in range(n):
         e.order[DL_ORDER, j] = dl_order[j]
