@@ -134,10 +134,11 @@ def test_gymnasium_check_env_accepts_rgb_array() -> None:
     assert not caught, [str(w.message) for w in caught]
 
 
-def test_sb3_vec_env_and_video_recorder(tmp_path: Path) -> None:
+@pytest.mark.parametrize("env_id", ["cbgym/Scheduling-v0", "cbgym/SchedulingMasked-v0"])
+def test_sb3_vec_env_and_video_recorder(tmp_path: Path, env_id: str) -> None:
     from stable_baselines3.common.env_util import make_vec_env
 
-    vec = make_vec_env("cbgym/Scheduling-v0", n_envs=2,
+    vec = make_vec_env(env_id, n_envs=2,
                        env_kwargs=dict(render_mode="rgb_array", episode_requests=64))
     assert vec.render_mode == "rgb_array"
     vec.reset()
@@ -149,10 +150,10 @@ def test_sb3_vec_env_and_video_recorder(tmp_path: Path) -> None:
     assert isinstance(tiled, np.ndarray) and tiled.dtype == np.uint8 and tiled.ndim == 3
     vec.close()
 
-    pytest.importorskip("moviepy")  # VecVideoRecorder needs it (gymnasium[other])
+    pytest.importorskip("moviepy")  # VecVideoRecorder needs it (the dev extra has it)
     from stable_baselines3.common.vec_env import VecVideoRecorder
 
-    vec = make_vec_env("cbgym/Scheduling-v0", n_envs=2,
+    vec = make_vec_env(env_id, n_envs=2,
                        env_kwargs=dict(render_mode="rgb_array", episode_requests=64))
     rec = VecVideoRecorder(vec, str(tmp_path), record_video_trigger=lambda step: step == 0,
                            video_length=4, name_prefix="cbgym")
