@@ -99,7 +99,9 @@ def test_same_step_autoreset_reports_the_final_observation() -> None:
             e_obs, e_r, e_te, e_tr, _ = env.step(a[i])
             assert (e_r, e_te, e_tr) == (r[i], te[i], tr[i])
             if e_te or e_tr:  # the final observation in info, the next episode's in obs
-                assert info["_final_obs"][i] and same(e_obs, info["final_obs"], i)
+                final = info["final_obs"][i]  # Gymnasium's object array of observations
+                assert info["_final_obs"][i] and all(np.array_equal(e_obs[k], final[k])
+                                                     for k in e_obs)
                 assert info["_final_info"][i]
                 e_obs, _ = env.reset()
                 finals += 1
@@ -261,5 +263,66 @@ def test_masked_vector_env_can_raise_on_masked_picks() -> None:
     bad = int(np.flatnonzero(info["action_mask"][1] == 0)[0])
     with pytest.raises(InvalidActionError, match=r"actions\[1\]"):
         venv.step(np.array([venv.unwrapped.proto.STOP, bad]))
-    with pytest.raises(InvalidActionError, match="integer picks"):
+    with pytest.raises(InvalidActionError, match="one pick per env"):
         venv.step(np.zeros((2, 3)))
+    with pytest.raises(InvalidActionError, match="integer picks"):
+        venv.step(np.zeros(2))  # floats: malformed (acting as STOP under the default)
+
+
+def test_reset_mask_views_and_refused_resets_leave_state_alone() -> None:
+    venv = gym.make_vec(ID, num_envs=2, autoreset_mode=AutoresetMode.DISABLED, max_steps=2,
+                        **FAST).unwrapped
+    venv.reset(seed=0)
+    for _ in range(2):
+        venv.step(np.zeros((2, 48)))
+    big = np.array([True, True, False, False])
+    venv.reset(options={"reset_mask": big[::2]})  # a strided view: env 0 only
+    assert venv.V[:, 0].tolist() == [0, 2]
+    before = [venv.windows.start.copy(), [r.bit_generator.state for r in venv._rngs]]
+    with pytest.raises(ValueError, match="start"):
+        venv.reset(options={"start": [5, 10**9]})
+    with pytest.raises(ValueError, match="seed 1"):
+        venv.reset(seed=[1, -5])
+    assert np.array_equal(venv.windows.start, before[0])
+    assert [r.bit_generator.state for r in venv._rngs] == before[1]
+
+
+def test_next_step_autoreset_ignores_the_resetting_envs_actions() -> None:
+    venv = gym.make_vec(ID, num_envs=2, max_steps=1, **FAST)
+    venv.reset(seed=0)
+    venv.step(np.zeros((2, 48)))  # both truncate
+    bad = np.full((2, 48), 7.0)  # ignored: both envs reset at this step
+    obs, r, te, tr, _ = venv.step(bad)
+    assert not (te | tr).any() and (r == 0).all()
+    masked = gym.make_vec(MASKED, num_envs=2, max_steps=1, invalid_action="raise", **FAST)
+    _, info = masked.reset(seed=0)
+    masked.step(np.full(2, 48))
+    masked.step(np.zeros(2, np.int64))  # would be masked, but the envs reset
+
+
+def test_same_step_final_info_and_final_obs_follow_gymnasium() -> None:
+    venv = gym.make_vec(MASKED, num_envs=2, autoreset_mode=AutoresetMode.SAME_STEP,
+                        max_steps=2, **FAST)
+    venv.reset(seed=0)
+    venv.step(np.full(2, 48))
+    _, _, _, tr, info = venv.step(np.full(2, 48))
+    assert tr.all() and info["final_obs"].dtype == object
+    assert set(info["final_obs"][1]) == set(venv.single_observation_space.spaces)
+    stop_only = np.zeros(49, np.int8)
+    stop_only[48] = 1
+    assert all(np.array_equal(m, stop_only) for m in info["final_info"]["action_mask"])
+
+
+def test_a_window_that_cannot_be_scaled_fails_when_it_would_start() -> None:
+    arrival = np.concatenate([np.arange(24) * 0.1, np.full(24, 5.0)])
+    trace = cbgym.Trace.from_arrays(arrival, [100] * 48, [5] * 48)
+    kw = {"trace": trace, "episode_requests": 24, "load": 1.0, "capacity_rps": 5.0}
+    venv = gym.make_vec(ID, num_envs=1, **kw).unwrapped
+    venv.reset(options={"start": 0})  # a good window now, whatever comes next
+    venv._set_window(0, 24, 1.0)  # the next one: 24 equal arrival times
+    for _ in range(500):
+        _, _, te, tr, _ = venv.step(np.ones((1, 48)))
+        if te[0] or tr[0]:
+            break
+    with pytest.raises(ValueError, match="distinct arrival times"):
+        venv.step(np.ones((1, 48)))  # the autoreset would start it: refused before stepping

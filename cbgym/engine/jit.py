@@ -15,6 +15,8 @@ edit to a function it calls (inlined into its machine code) in another file woul
 unnoticed and the old code would keep running. :func:`drop_stale` therefore stamps each cache
 folder with a hash of every kernel module and every cbgym module they import (constants are
 frozen into the code too), and empties the folder's kernel files when the stamp changes.
+(A process started on older sources that compiles a new specialisation after the stamp
+changed can still store it there: restart long runs after editing kernels.)
 
 NOTE on literals: numba compiles a kernel once per *literal* value a Python int argument
 takes (``f(s, 0)`` and ``f(s, n)`` are two compilations). The kernels' constants are numpy
@@ -49,7 +51,8 @@ VECTOR_HINT_S = 45  # the batched kernels of cbgym.env.vector_ops (parallel: slo
 PACKAGE = Path(__file__).resolve().parents[1]
 STAMP_FILE = "cbgym-kernels.stamp"
 _DEFINES_KERNEL = re.compile(r"^@(no_alloc_|parallel_)?kernel$", re.M)
-_IMPORTS = re.compile(r"^from (cbgym(?:\.\w+)+) import", re.M)
+_IMPORTS = re.compile(r"^from (cbgym(?:\.\w+)*) import \(?([\w ,\n]+)\)?|^import (cbgym[\w.]*)",
+                      re.M)
 _CHECKED: set[str] = set()
 
 
@@ -79,10 +82,15 @@ def kernel_sources(package: Path = PACKAGE) -> list[Path]:
         text = path.read_text(encoding="utf-8")
         if _DEFINES_KERNEL.search(text):
             files.add(path)
-            for mod in _IMPORTS.findall(text):
-                dep = package.parent.joinpath(*mod.split("."))
-                files.update(p for p in (dep.with_suffix(".py"), dep / "__init__.py")
-                             if p.is_file())
+            for base, names, plain in _IMPORTS.findall(text):
+                # "from cbgym.a import b": cbgym/a.py or cbgym/a/__init__.py, and
+                # cbgym/a/b.py when b is a module; "import cbgym.a.b": that module
+                mods = [plain] if plain else [base] + [
+                    f"{base}.{name.split()[0]}" for name in names.split(",") if name.strip()]
+                for mod in mods:
+                    dep = package.parent.joinpath(*mod.split("."))
+                    files.update(p for p in (dep.with_suffix(".py"), dep / "__init__.py")
+                                 if p.is_file())
     return sorted(files)
 
 

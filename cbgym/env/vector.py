@@ -26,6 +26,7 @@ env hit the idle-hold limit. The time series of episodes is not kept.
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import gymnasium as gym
@@ -56,7 +57,8 @@ from cbgym.metrics import slo_arrays
 
 __all__ = ["SchedulingMaskedVectorEnv", "SchedulingVectorEnv"]
 
-_THREADS_SET = [0]  # the count this module last gave numba.set_num_threads
+_THREADS = threading.local()  # the count this module last gave numba in this thread
+_DRAWN = object()  # an option left to the env's draw
 REC_ROWS = 256  # time-series rows per env before the buffer is emptied in place
 
 
@@ -157,6 +159,8 @@ class SchedulingVectorEnv(VectorEnv):
         self.V = np.zeros((N, vo.NUM_V), np.int64)
         self.slices = vo.obs_slices(proto.K, proto.R)
         self.windows = vo.Windows(np.zeros(N, np.int64), np.zeros(N, np.float64))
+        self._starts = np.zeros(N, np.int64)  # the drawn starts (windows.start: -1 if in error)
+        self._window_errors: dict[int, str] = {}
         K, R = proto.K, proto.R
         self.acts = vo.Acts(np.zeros((N, K + R)), np.zeros(N, np.int64),
                             np.zeros((N, mo.micro_size(K, R)), np.int64),
@@ -178,48 +182,64 @@ class SchedulingVectorEnv(VectorEnv):
     def _draw_windows(self, which: np.ndarray) -> None:
         """Each listed env's next episode, drawn as the single env draws it at reset."""
         proto, n = self.proto, self.n
-        arrival = self.base.arrival
         for i in which:
             rng = self._rngs[i]
-            start = draw_start(rng, len(arrival), n, proto.window_start_range)
-            load = draw_load(rng, proto.load)
-            self.windows.start[i] = start
-            self.windows.load[i] = np.nan if load is None else load
-            self._check_window(i)
+            self._set_window(i, draw_start(rng, len(self.base.arrival), n,
+                                           proto.window_start_range), draw_load(rng, proto.load))
         self.V[which, vo.WANTS_WINDOW] = 0
 
-    def _check_window(self, i: int) -> None:
-        """Env i's next window can be scaled to its load (scale_to_load's conditions)."""
-        arrival, start, n = self.base.arrival, self.windows.start[i], self.n
-        if np.isnan(self.windows.load[i]):
+    def _set_window(self, i: int, start: int, load: float | None) -> None:
+        """Env i's next window. One that cannot be scaled to its load (scale_to_load's
+        conditions) is kept as an error, raised when the env would start it (as the single
+        env raises at that reset), never before."""
+        arrival, n = self.base.arrival, self.n
+        self._starts[i] = start
+        self.windows.load[i] = np.nan if load is None else load
+        self.windows.start[i] = start
+        self._window_errors.pop(i, None)
+        if load is None:
             return
         if n < 2 or arrival[start + n - 1] <= arrival[start]:
-            raise ValueError("scale_to_load needs at least two requests with distinct "
-                             "arrival times")
-        if np.isnan(self.base.mu[0]):  # built with load=None: measure the capacity now
+            self._window_errors[i] = (f"env {i}: the window of requests [{start}, {start + n}) "
+                                      "cannot be scaled to a load: scale_to_load needs at "
+                                      "least two requests with distinct arrival times")
+            self.windows.start[i] = -1  # the kernel starts no episode on it
+        elif np.isnan(self.base.mu[0]):  # built with load=None: measure the capacity now
             self.base.mu[0] = self.proto._capacity_of(self.proto.base_trace)
 
-    def _fix_window(self, key: str, value: Any, mask: np.ndarray) -> None:
-        """options["start"] / options["load"] for the envs in ``mask``."""
+    def _check_windows(self, starting: np.ndarray) -> None:
+        """Raise, before anything runs, if an env about to start has a window in error."""
+        for i in np.flatnonzero(starting):
+            if i in self._window_errors:
+                raise ValueError(self._window_errors[i])
+
+    def _fixed_windows(self, fixed: dict[str, Any], mask: np.ndarray) -> dict[int, tuple]:
+        """options["start"] / options["load"] per env in ``mask``, checked (nothing set)."""
         which = np.flatnonzero(mask)
-        values = np.broadcast_to(np.asarray(value, dtype=object), (self.num_envs,))[which]
+        out: dict[int, tuple] = {}
         last = len(self.base.arrival) - self.n
-        for i, x in zip(which, values, strict=True):
-            if key == "start":
-                if not isinstance(x, int | np.integer) or not 0 <= int(x) <= last:
+        for key, value in fixed.items():
+            values = np.broadcast_to(np.asarray(value, dtype=object), (self.num_envs,))
+            for i in which:
+                x = values[i]
+                if key == "start" and (not isinstance(x, int | np.integer) or isinstance(
+                        x, bool) or not 0 <= int(x) <= last):
                     raise ValueError(f"options['start'] for env {i} is {x!r}: expected an int "
                                      f"in [0, {last}] for {self.n}-request windows")
-                self.windows.start[i] = int(x)
-            elif x is None:
-                self.windows.load[i] = np.nan
-            else:
-                self.windows.load[i] = check_load(float(x))
-            self._check_window(i)
+                if key == "load" and x is not None:
+                    x = check_load(float(x))
+                out.setdefault(int(i), {})[key] = x
+        return {i: (d.get("start"), d.get("load", _DRAWN)) for i, d in out.items()}
 
     def _refill(self) -> None:
         wants = np.flatnonzero(self.V[:, vo.WANTS_WINDOW])
         if len(wants):
             self._draw_windows(wants)
+        missing = np.flatnonzero(self.V[:, vo.NO_WINDOW])
+        if len(missing):  # same-step autoreset reached a window in error
+            self.V[missing, vo.NO_WINDOW] = 0
+            raise ValueError(self._window_errors[int(missing[0])] + " (the env's episode "
+                             "ended in this step and no new one started: reset it)")
 
     # ------------------------------------------------------------------ the Gymnasium API
     def reset(self, *, seed: int | list[int | None] | None = None,
@@ -246,24 +266,30 @@ class SchedulingVectorEnv(VectorEnv):
         if mask.shape != (self.num_envs,) or mask.dtype != np.bool_:
             raise ValueError(f"options['reset_mask'] must be a bool array of shape "
                              f"({self.num_envs},), got {mask.dtype} {mask.shape}")
+        mask = np.ascontiguousarray(mask)  # the kernel reads it as contiguous
         if not self._started and not mask.all():
             raise ResetNeeded("the first reset() must start every env (no reset_mask)")
         seeds = self._seeds(seed)
+        windows = self._fixed_windows(fixed, mask)
+        # everything checked: now apply
         reseeded = [i for i in np.flatnonzero(mask) if seeds[i] is not None or not self._started]
         for i in reseeded:
             self._rngs[i] = seeding.np_random(seeds[i])[0]
-        if isinstance(seed, int):
-            self._np_random, self._np_random_seed = seeding.np_random(seed)
+        if isinstance(seed, int | np.integer) and not isinstance(seed, bool):
+            self._np_random, self._np_random_seed = seeding.np_random(int(seed))
         self._draw_windows(np.array(reseeded, np.int64))  # the others drew theirs ahead
-        for key, value in fixed.items():
-            self._fix_window(key, value, mask)
+        for i, (start, load) in windows.items():
+            self._set_window(i, self._starts[i] if start is None else start,
+                             (None if np.isnan(self.windows.load[i]) else
+                              float(self.windows.load[i])) if load is _DRAWN else load)
+        self._check_windows(mask)
         self._threads()
         self._reset_batch(*self._state_args, mask, np.int64(self.n), self.host_free,
                           self.scratch)
         self._refill()
         self._autoreset[mask] = False
         self._started = True
-        return self._observation(), self._infos(self.out, mask)
+        return self._observation(), self._infos(self.out, mask.copy())
 
     def _seeds(self, seed: int | list[int | None] | None) -> list[int | None]:
         if seed is None:
@@ -273,7 +299,12 @@ class SchedulingVectorEnv(VectorEnv):
         seeds = list(seed)  # type: ignore[arg-type]
         if len(seeds) != self.num_envs:
             raise ValueError(f"reset(seed=[...]) needs {self.num_envs} seeds, got {len(seeds)}")
-        return seeds
+        for i, x in enumerate(seeds):
+            if x is not None and (not isinstance(x, int | np.integer) or isinstance(x, bool)
+                                  or x < 0):
+                raise ValueError(f"reset(seed=[...]): seed {i} is {x!r}; expected an int >= 0 "
+                                 "or None")
+        return [None if x is None else int(x) for x in seeds]
 
     def step(self, actions: Any) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray,
                                           dict[str, Any]]:
@@ -288,6 +319,7 @@ class SchedulingVectorEnv(VectorEnv):
         same = self.autoreset_mode == AutoresetMode.SAME_STEP
         reset = self._autoreset if self.autoreset_mode == AutoresetMode.NEXT_STEP \
             else self._no_reset
+        self._check_windows(reset)
         self._threads()
         started = self._step_batch(*self._state_args, self.final, reset, same, *self._tail_args)
         if started < 0:
@@ -301,21 +333,21 @@ class SchedulingVectorEnv(VectorEnv):
         terminated, truncated = ii[vo.I_TERMINATED] != 0, ii[vo.I_TRUNCATED] != 0
         reward = ff[vo.F_REWARD].copy()
         ended = terminated | truncated
-        infos = self._infos(self.out, self._all)
+        infos = self._infos(self.out, self._all.copy())
         if same and ended.any():
-            infos["final_obs"] = self._observation(self.final, copy=True)
-            infos["_final_obs"] = ended
-            infos["final_info"] = self._infos(self.final, ended)
-            infos["_final_info"] = ended
+            infos["final_obs"] = self._final_observations(ended)
+            infos["_final_obs"] = ended.copy()
+            infos["final_info"] = self._infos(self.final, ended.copy(), final=True)
+            infos["_final_info"] = ended.copy()
         self._autoreset = ended
         return self._observation(), reward, terminated, truncated, infos
 
     def _threads(self) -> None:
         """numba's thread count for this thread's next parallel call (set only when another
         vector env changed it: numba.get_num_threads costs a microsecond)."""
-        if _THREADS_SET[0] != self.num_threads:
+        if getattr(_THREADS, "n", 0) != self.num_threads:
             numba.set_num_threads(self.num_threads)
-            _THREADS_SET[0] = self.num_threads
+            _THREADS.n = self.num_threads
 
     def _actions(self, actions: Any) -> None:
         """Copy the actions into the kernel's buffer: (N, K + R) scores (their ranges are
@@ -345,7 +377,18 @@ class SchedulingVectorEnv(VectorEnv):
             return flat
         return {key: flat[:, sl] for key, sl in self.slices.items()}
 
-    def _infos(self, out: vo.Out, mask: np.ndarray) -> dict[str, Any]:
+    def _final_observations(self, ended: np.ndarray) -> np.ndarray:
+        """Gymnasium's ``final_obs``: an object array, env i's last observation where it
+        ended (None elsewhere)."""
+        flat = self.final.obs
+        out = np.full(self.num_envs, None, dtype=object)
+        for i in np.flatnonzero(ended):
+            row = flat[i].copy()
+            out[i] = row if self.observation_mode == "flat" else {
+                key: row[sl] for key, sl in self.slices.items()}
+        return out
+
+    def _infos(self, out: vo.Out, mask: np.ndarray, final: bool = False) -> dict[str, Any]:
         """Gymnasium's dict of arrays, each with its ``_key`` mask (rows of one copy)."""
         ii, ff = out.info_i.copy(), out.info_f.copy()
         m = mask
@@ -365,7 +408,11 @@ class SchedulingVectorEnv(VectorEnv):
             "waiting_time_in_system_s": out.waited.copy(), "_waiting_time_in_system_s": m,
         }
         if self.proto.masked:
-            infos["action_mask"], infos["_action_mask"] = self.acts.mask.copy(), m
+            masks = self.acts.mask.copy()
+            if final:  # an ended episode allows STOP only, as the single env says
+                masks[:] = 0
+                masks[:, self.proto.STOP] = 1
+            infos["action_mask"], infos["_action_mask"] = masks, m
             infos["invalid_action"], infos["_invalid_action"] = ii[vo.I_INVALID] != 0, m
         stuck = (ii[vo.I_STUCK] != 0) & m
         if stuck.any():
@@ -410,18 +457,26 @@ class SchedulingMaskedVectorEnv(SchedulingVectorEnv):
     def _actions(self, actions: Any) -> None:
         try:
             a = np.asarray(actions)
-            ok = a.shape == (self.num_envs,) and (a.dtype.kind in "iu" or a.dtype == np.bool_)
-        except (TypeError, ValueError):
-            ok = False
-        if not ok:
-            raise InvalidActionError(f"actions must be {self.num_envs} integer picks in "
-                                     f"[0, {self.proto.STOP}], got {actions!r}")
+        except (TypeError, ValueError) as exc:
+            raise InvalidActionError(f"actions must be {self.num_envs} integer picks: {exc}"
+                                     ) from exc
+        if a.shape != (self.num_envs,):
+            raise InvalidActionError(f"actions have shape {a.shape}; expected "
+                                     f"({self.num_envs},): one pick per env")
         picks = self.acts.picks
-        picks[:] = a
+        if a.dtype.kind in "iu" or a.dtype == np.bool_:
+            picks[:] = a
+        elif self.proto.invalid_action == "raise":
+            raise InvalidActionError(f"actions must be integer picks in [0, {self.proto.STOP}]"
+                                     f", got dtype {a.dtype}")
+        else:
+            picks[:] = -1  # malformed: each acts as a masked pick (STOP or no-op)
         if self.proto.invalid_action == "raise":
             inside = (picks >= 0) & (picks <= self.proto.STOP)
             allowed = inside & (self.acts.mask[np.arange(self.num_envs),
                                                np.where(inside, picks, 0)] != 0)
+            if self.autoreset_mode == AutoresetMode.NEXT_STEP:
+                allowed |= self._autoreset  # these envs reset: their picks are ignored
             if not allowed.all():
                 i = int(np.flatnonzero(~allowed)[0])
                 raise InvalidActionError(f"actions[{i}] = {int(picks[i])} is masked; allowed: "

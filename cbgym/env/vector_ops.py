@@ -34,8 +34,9 @@ from cbgym.env import micro_ops as mo
 from cbgym.env.kernel_ops import EnvState
 
 # v: per-env counters (int64)
-STEPS, LAST_ITER, ENDED, STUCK, DRAINED, WANTS_WINDOW, START, SHED_AT_START = L._codes(8)
-NUM_V = 8
+(STEPS, LAST_ITER, ENDED, STUCK, DRAINED, WANTS_WINDOW, START, SHED_AT_START,
+ NO_WINDOW) = L._codes(9)
+NUM_V = 9
 # info_i columns: what a step produced (int64)
 (I_FINISHED, I_GOOD, I_SHED, I_ITERATIONS, I_STUCK, I_TERMINATED, I_TRUNCATED,
  I_INVALID) = L._codes(8)
@@ -258,7 +259,11 @@ def step_env(s: State, p: Params, e: EnvState, v: np.ndarray, acts: Acts, out: O
 @kernel
 def begin(S: State, p: Params, E: EnvState, V: np.ndarray, base: Base, win: Windows,
           acts: Acts, out: Out, i: int, n: int, host_free: int, scratch: np.ndarray) -> None:
-    """Env i starts its drawn window; row i gets the reset's observation and info."""
+    """Env i starts its drawn window; row i gets the reset's observation and info. A window
+    in error (start -1: it cannot be scaled to its load) starts nothing: Python raises."""
+    if win.start[i] < 0:
+        V[i, NO_WINDOW] = 1
+        return
     s, e = engine_at(S, i), env_at(E, i)
     obs = start_episode(s, p, e, V[i], base, win.start[i], win.load[i], n, host_free,
                         scratch[i], acts.m[i], acts.mask[i])
@@ -296,12 +301,16 @@ def reset_batch(S: State, p: Params, E: EnvState, V: np.ndarray, base: Base, win
 
 
 @kernel
-def first_invalid(actions: np.ndarray) -> int:
-    """The flat index of the first score outside [-1, 1] (or NaN); -1 if none."""
-    flat = actions.ravel()
-    for j in range(len(flat)):
-        if not -1.0 <= flat[j] <= 1.0:
-            return j
+def first_invalid(actions: np.ndarray, skip: np.ndarray) -> int:
+    """The flat index of the first score outside [-1, 1] (or NaN) in a row not skipped (an
+    env about to reset ignores its action); -1 if none."""
+    n, size = actions.shape
+    for i in range(n):
+        if skip[i]:
+            continue
+        for j in range(size):
+            if not -1.0 <= actions[i, j] <= 1.0:
+                return i * size + j
     return -1
 
 
@@ -319,7 +328,7 @@ def step_batch(S: State, p: Params, E: EnvState, V: np.ndarray, base: Base, win:
     ``-1 - j`` with nothing done when the score at flat index j is invalid.
     """
     if not acts.mode[0]:
-        bad = first_invalid(acts.scores)
+        bad = first_invalid(acts.scores, reset)
         if bad >= 0:
             return -1 - bad
     for i in numba.prange(len(reset)):
@@ -330,9 +339,9 @@ def step_batch(S: State, p: Params, E: EnvState, V: np.ndarray, base: Base, win:
             if same_step and V[i, ENDED]:
                 begin_again(S, p, E, V, base, win, acts, out, final, i, n, host_free,
                             scratch)
-    started = 0
+    started = 0  # envs whose next window is to be drawn, or whose window was in error
     for i in range(len(reset)):
-        started += V[i, WANTS_WINDOW]
+        started += V[i, WANTS_WINDOW] + V[i, NO_WINDOW]
     return started
 
 
