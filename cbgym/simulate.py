@@ -19,6 +19,7 @@ from cbgym.metrics import (
     SLOSpec,
     config_dict,
     requests_frame,
+    slo_arrays,
     timeseries_frame,
 )
 from cbgym.workload import load_trace
@@ -162,6 +163,7 @@ def simulate(
         config=cfg, num_requests=len(trace), seed=seed,
         true_output_tokens=trace.output_tokens if pol.privileged else None,
         prompt_tokens=trace.prompt_tokens, arrival_s=trace.arrival_s,
+        ttft_target_s=slo_arrays(slo, trace.slo_class)[0],
     ))
     wall = time.perf_counter()
     # a static key runs inside the compiled loop: no Python call per decision

@@ -155,6 +155,8 @@ class PolicyContext:
     # every request's prompt length and arrival time (content-blind; None where unknown)
     prompt_tokens: np.ndarray | None = None
     arrival_s: np.ndarray | None = None
+    # every request's TTFT target in seconds (its SLO class's; None where the run has none)
+    ttft_target_s: np.ndarray | None = None
 
 
 class Policy:

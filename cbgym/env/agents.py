@@ -17,11 +17,11 @@ plays ``cbgym/Scheduling-v0`` or ``cbgym/SchedulingMasked-v0`` from what the age
   order, then STOP, and on a memory shortfall the most recently admitted running slot left.
 
 Whenever the waiting queue fits in the window (at most K waiting), the agent reproduces the
-fast path (``cbgym.simulate`` with the same policy) request for request, bit for bit. Two
+fast path (``cbgym.simulate`` with the same policy) request for request, bit for bit. The
 exceptions: ``random`` draws fresh scores on the env (its fast-path keys are per request id,
 which the view does not carry; see :class:`cbgym.agents.RandomOrder`), and preemptive
-``oracle-srpt`` is not a key policy and runs on the fast path only (constructing an EnvAgent
-for it raises ``TypeError``).
+``oracle-srpt`` and shedding ``slo-edf`` are not key policies and run on the fast path only
+(constructing an EnvAgent for them raises ``TypeError``).
 """
 
 from __future__ import annotations
