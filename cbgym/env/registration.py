@@ -32,3 +32,11 @@ def register_envs() -> None:
         if env_id not in gym.registry:
             gym.register(id=env_id, entry_point=entry_point,
                          vector_entry_point=VECTOR_ENTRY_POINTS.get(env_id))
+    from cbgym.tasks.registry import TASKS
+
+    for task in TASKS.values():  # each task's ids build its env with no arguments
+        for env_id, masked in ((task.env_id, False), (task.masked_env_id, True)):
+            if env_id not in gym.registry:
+                gym.register(id=env_id, entry_point="cbgym.tasks.registry:make_env",
+                             vector_entry_point="cbgym.tasks.registry:make_vector_env",
+                             kwargs={"task": task.name, "masked": masked})
