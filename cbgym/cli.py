@@ -391,6 +391,9 @@ def build_parser() -> OneLineParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     _bench_parser(sub)
     _simulate_parser(sub)
+    from cbgym.tasks.cli import add_parser as evaluate_parser
+
+    evaluate_parser(sub, _HelpFormatter)
     return parser
 
 
@@ -399,7 +402,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:
-        parser.error("choose a command: bench or simulate (see cbgym --help)")
+        parser.error("choose a command: bench, simulate or evaluate (see cbgym --help)")
     try:
         return int(args.handler(args, args.subparser))
     except KeyboardInterrupt:

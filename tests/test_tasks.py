@@ -6,7 +6,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-import cbgym  # noqa: F401  (registers the task ids)
+import cbgym
 from cbgym.tasks import TASKS, Task, get
 from cbgym.workload import load_trace
 from cbgym.workload.catalog import TraceNotFoundError
@@ -61,3 +61,45 @@ def test_every_task_id_builds_and_steps(name: str) -> None:
         venv.step(actions)
     u = gym.make(task.env_id).unwrapped
     assert u.window_start_range == task.ranges(len(u.base_trace))["train"]
+
+
+SMALL = Task("small", "an offline task for the tests", trace="synthetic-conv",
+             engine="cbsjf-paper", train_load=1.2, test_load=1.3,
+             slo=cbgym.SLO(ttft_s=2.0, tpot_s=0.1), episode_requests=128, test_windows=4)
+
+
+def test_evaluate_scores_against_random_actions_and_the_best_reference() -> None:
+    from cbgym.tasks.evaluate import RANDOM, evaluate
+
+    ev = evaluate(SMALL, "sjf-ctx", references=("fcfs", "oracle-work"), seeds=(0, 1))
+    table = ev.table
+    assert list(table.index) == ["sjf-ctx", "fcfs", "oracle-work", RANDOM]
+    assert len(ev.goodput["fcfs"]) == 2 * len(ev.starts) == 8  # windows x seeds
+    assert table.loc[ev.best_reference, "score"] == pytest.approx(1.0)
+    assert table.loc[RANDOM, "score"] == 0.0
+    assert table.loc["sjf-ctx", "diff_vs"] == 0.0 and table.loc["sjf-ctx", "ties"] == 8
+    assert (table["slo_attainment"].between(0, 1)).all()
+    again = evaluate(SMALL, "sjf-ctx", references=("fcfs", "oracle-work"), seeds=(0, 1))
+    assert again.table.equals(table)  # deterministic
+
+
+def test_cbgym_evaluate_command(capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from cbgym.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["evaluate", "--task", "nope", "--policy", "fcfs"])
+    with pytest.raises(SystemExit):
+        main(["evaluate", "--task", sorted(TASKS)[0], "--policy", "nope"])
+    task = get(sorted(TASKS)[0])
+    try:
+        load_trace(task.trace)
+    except TraceNotFoundError:
+        pytest.skip(f"{task.trace} is not available here (CBGYM_TRACE_DIR)")
+    capsys.readouterr()
+    assert main(["evaluate", "--task", task.name, "--policy", "cb-sjf-work", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    rows = {r["policy"]: r for r in out["rows"]}
+    assert rows[out["best_reference"]]["score"] == pytest.approx(1.0)
+    assert rows["random actions"]["score"] == 0.0
