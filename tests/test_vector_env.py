@@ -278,13 +278,13 @@ def test_reset_mask_views_and_refused_resets_leave_state_alone() -> None:
     big = np.array([True, True, False, False])
     venv.reset(options={"reset_mask": big[::2]})  # a strided view: env 0 only
     assert venv.V[:, 0].tolist() == [0, 2]
-    before = [venv.windows.start.copy(), [r.bit_generator.state for r in venv._rngs]]
+    before = [venv.windows.start.copy(), [r.bit_generator.state for r in venv.draws.rngs]]
     with pytest.raises(ValueError, match="start"):
         venv.reset(options={"start": [5, 10**9]})
     with pytest.raises(ValueError, match="seed 1"):
         venv.reset(seed=[1, -5])
     assert np.array_equal(venv.windows.start, before[0])
-    assert [r.bit_generator.state for r in venv._rngs] == before[1]
+    assert [r.bit_generator.state for r in venv.draws.rngs] == before[1]
 
 
 def test_next_step_autoreset_ignores_the_resetting_envs_actions() -> None:
@@ -319,7 +319,7 @@ def test_a_window_that_cannot_be_scaled_fails_when_it_would_start() -> None:
     kw = {"trace": trace, "episode_requests": 24, "load": 1.0, "capacity_rps": 5.0}
     venv = gym.make_vec(ID, num_envs=1, **kw).unwrapped
     venv.reset(options={"start": 0})  # a good window now, whatever comes next
-    venv._set_window(0, 24, 1.0)  # the next one: 24 equal arrival times
+    venv.draws.set(0, 24, 1.0)  # the next one: 24 equal arrival times
     for _ in range(500):
         _, _, te, tr, _ = venv.step(np.ones((1, 48)))
         if te[0] or tr[0]:

@@ -45,20 +45,17 @@ from cbgym.env import kernel_ops as ko
 from cbgym.env import micro_ops as mo
 from cbgym.env import vector_ops as vo
 from cbgym.env.action import InvalidActionError
-from cbgym.env.arguments import check_load
 from cbgym.env.observation import slot_template
 from cbgym.env.scheduling_env import (
     SchedulingEnv,
     SchedulingMaskedEnv,
-    draw_load,
-    draw_start,
 )
+from cbgym.env.vector_windows import WindowDraws
 from cbgym.metrics import slo_arrays
 
 __all__ = ["SchedulingMaskedVectorEnv", "SchedulingVectorEnv"]
 
 _THREADS = threading.local()  # the count this module last gave numba in this thread
-_DRAWN = object()  # an option left to the env's draw
 REC_ROWS = 256  # time-series rows per env before the buffer is emptied in place
 
 
@@ -94,7 +91,6 @@ class SchedulingVectorEnv(VectorEnv):
         self.observation_mode = observation
         self._setup_spaces(proto)
         self._setup_state(proto)
-        self._rngs = [seeding.np_random(None)[0] for _ in range(self.num_envs)]
         self._autoreset = np.zeros(self.num_envs, np.bool_)
         self._no_reset = np.zeros(self.num_envs, np.bool_)
         self._all = np.ones(self.num_envs, np.bool_)
@@ -158,9 +154,8 @@ class SchedulingVectorEnv(VectorEnv):
         self.E = ko.alloc_env_state(settings, n, (N,))
         self.V = np.zeros((N, vo.NUM_V), np.int64)
         self.slices = vo.obs_slices(proto.K, proto.R)
-        self.windows = vo.Windows(np.zeros(N, np.int64), np.zeros(N, np.float64))
-        self._starts = np.zeros(N, np.int64)  # the drawn starts (windows.start: -1 if in error)
-        self._window_errors: dict[int, str] = {}
+        self.draws = WindowDraws(proto, self.base, n, N)
+        self.windows = self.draws.windows  # what the kernel reads
         K, R = proto.K, proto.R
         self.acts = vo.Acts(np.zeros((N, K + R)), np.zeros(N, np.int64),
                             np.zeros((N, mo.micro_size(K, R)), np.int64),
@@ -177,69 +172,6 @@ class SchedulingVectorEnv(VectorEnv):
         D = self.slices["waiting_mask"].stop
         return vo.Out(np.zeros((N, D), np.float32), np.zeros((N, K)),
                       np.zeros((vo.NUM_I, N), np.int64), np.zeros((vo.NUM_F, N)))
-
-    # ------------------------------------------------------------------ windows
-    def _draw_windows(self, which: np.ndarray) -> None:
-        """Each listed env's next episode, drawn as the single env draws it at reset."""
-        proto, n = self.proto, self.n
-        for i in which:
-            rng = self._rngs[i]
-            self._set_window(i, draw_start(rng, len(self.base.arrival), n,
-                                           proto.window_start_range), draw_load(rng, proto.load))
-        self.V[which, vo.WANTS_WINDOW] = 0
-
-    def _set_window(self, i: int, start: int, load: float | None) -> None:
-        """Env i's next window. One that cannot be scaled to its load (scale_to_load's
-        conditions) is kept as an error, raised when the env would start it (as the single
-        env raises at that reset), never before."""
-        arrival, n = self.base.arrival, self.n
-        self._starts[i] = start
-        self.windows.load[i] = np.nan if load is None else load
-        self.windows.start[i] = start
-        self._window_errors.pop(i, None)
-        if load is None:
-            return
-        if n < 2 or arrival[start + n - 1] <= arrival[start]:
-            self._window_errors[i] = (f"env {i}: the window of requests [{start}, {start + n}) "
-                                      "cannot be scaled to a load: scale_to_load needs at "
-                                      "least two requests with distinct arrival times")
-            self.windows.start[i] = -1  # the kernel starts no episode on it
-        elif np.isnan(self.base.mu[0]):  # built with load=None: measure the capacity now
-            self.base.mu[0] = self.proto._capacity_of(self.proto.base_trace)
-
-    def _check_windows(self, starting: np.ndarray) -> None:
-        """Raise, before anything runs, if an env about to start has a window in error."""
-        for i in np.flatnonzero(starting):
-            if i in self._window_errors:
-                raise ValueError(self._window_errors[i])
-
-    def _fixed_windows(self, fixed: dict[str, Any], mask: np.ndarray) -> dict[int, tuple]:
-        """options["start"] / options["load"] per env in ``mask``, checked (nothing set)."""
-        which = np.flatnonzero(mask)
-        out: dict[int, tuple] = {}
-        last = len(self.base.arrival) - self.n
-        for key, value in fixed.items():
-            values = np.broadcast_to(np.asarray(value, dtype=object), (self.num_envs,))
-            for i in which:
-                x = values[i]
-                if key == "start" and (not isinstance(x, int | np.integer) or isinstance(
-                        x, bool) or not 0 <= int(x) <= last):
-                    raise ValueError(f"options['start'] for env {i} is {x!r}: expected an int "
-                                     f"in [0, {last}] for {self.n}-request windows")
-                if key == "load" and x is not None:
-                    x = check_load(float(x))
-                out.setdefault(int(i), {})[key] = x
-        return {i: (d.get("start"), d.get("load", _DRAWN)) for i, d in out.items()}
-
-    def _refill(self) -> None:
-        wants = np.flatnonzero(self.V[:, vo.WANTS_WINDOW])
-        if len(wants):
-            self._draw_windows(wants)
-        missing = np.flatnonzero(self.V[:, vo.NO_WINDOW])
-        if len(missing):  # same-step autoreset reached a window in error
-            self.V[missing, vo.NO_WINDOW] = 0
-            raise ValueError(self._window_errors[int(missing[0])] + " (the env's episode "
-                             "ended in this step and no new one started: reset it)")
 
     # ------------------------------------------------------------------ the Gymnasium API
     def reset(self, *, seed: int | list[int | None] | None = None,
@@ -270,23 +202,20 @@ class SchedulingVectorEnv(VectorEnv):
         if not self._started and not mask.all():
             raise ResetNeeded("the first reset() must start every env (no reset_mask)")
         seeds = self._seeds(seed)
-        windows = self._fixed_windows(fixed, mask)
+        windows = self.draws.fixed(fixed, mask)
         # everything checked: now apply
         reseeded = [i for i in np.flatnonzero(mask) if seeds[i] is not None or not self._started]
         for i in reseeded:
-            self._rngs[i] = seeding.np_random(seeds[i])[0]
+            self.draws.reseed(i, seeds[i])
         if isinstance(seed, int | np.integer) and not isinstance(seed, bool):
             self._np_random, self._np_random_seed = seeding.np_random(int(seed))
-        self._draw_windows(np.array(reseeded, np.int64))  # the others drew theirs ahead
-        for i, (start, load) in windows.items():
-            self._set_window(i, self._starts[i] if start is None else start,
-                             (None if np.isnan(self.windows.load[i]) else
-                              float(self.windows.load[i])) if load is _DRAWN else load)
-        self._check_windows(mask)
+        self.draws.draw(np.array(reseeded, np.int64))  # the others drew theirs ahead
+        self.draws.apply(windows)
+        self.draws.check(mask)
         self._threads()
         self._reset_batch(*self._state_args, mask, np.int64(self.n), self.host_free,
                           self.scratch)
-        self._refill()
+        self.draws.refill(self.V)
         self._autoreset[mask] = False
         self._started = True
         return self._observation(), self._infos(self.out, mask.copy())
@@ -319,7 +248,7 @@ class SchedulingVectorEnv(VectorEnv):
         same = self.autoreset_mode == AutoresetMode.SAME_STEP
         reset = self._autoreset if self.autoreset_mode == AutoresetMode.NEXT_STEP \
             else self._no_reset
-        self._check_windows(reset)
+        self.draws.check(reset)
         self._threads()
         started = self._step_batch(*self._state_args, self.final, reset, same, *self._tail_args)
         if started < 0:
@@ -328,7 +257,7 @@ class SchedulingVectorEnv(VectorEnv):
             raise InvalidActionError(f"actions[{i}, {j}] is {a[i, j]}; scores must be finite "
                                      "and in [-1, 1] (clip the policy's output)")
         if started:
-            self._refill()
+            self.draws.refill(self.V)
         ii, ff = self.out.info_i, self.out.info_f
         terminated, truncated = ii[vo.I_TERMINATED] != 0, ii[vo.I_TRUNCATED] != 0
         reward = ff[vo.F_REWARD].copy()

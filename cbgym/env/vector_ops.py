@@ -34,9 +34,9 @@ from cbgym.env import micro_ops as mo
 from cbgym.env.kernel_ops import EnvState
 
 # v: per-env counters (int64)
-(STEPS, LAST_ITER, ENDED, STUCK, DRAINED, WANTS_WINDOW, START, SHED_AT_START,
- NO_WINDOW) = L._codes(9)
-NUM_V = 9
+(STEPS, LAST_ITER, ENDED, STUCK, DRAINED, WANTS_WINDOW, SHED_AT_START,
+ NO_WINDOW) = L._codes(8)
+NUM_V = 8
 # info_i columns: what a step produced (int64)
 (I_FINISHED, I_GOOD, I_SHED, I_ITERATIONS, I_STUCK, I_TERMINATED, I_TRUNCATED,
  I_INVALID) = L._codes(8)
@@ -195,7 +195,7 @@ def start_episode(s: State, p: Params, e: EnvState, v: np.ndarray, base: Base, s
         ko.visible(s, e)
     v[SHED_AT_START] = ko.account_sheds(s, e)
     v[STEPS], v[LAST_ITER], v[ENDED], v[STUCK] = 0, 0, 0, 0
-    v[DRAINED], v[START], v[WANTS_WINDOW] = drained, start, 1
+    v[DRAINED], v[WANTS_WINDOW] = drained, 1
     mo.begin_point(e, m, mask, drained)
     none = np.empty(0, np.int64)
     return ko.observe(s, e, drained, none, none)
