@@ -5,6 +5,7 @@ or sb3-contrib MaskablePPO on ``cbgym/SchedulingMasked-v0`` (micro-steps), writt
 to bottom like cleanrl's ``ppo.py``:
 
     python train.py                                  # the documented default run (~3 min)
+    python train.py --task conv-study-overload --imitate cb-sjf-work-shed:28   # a task
     python train.py --total-timesteps 256 --output-dir /tmp/smoke --eval-freq 0
     python train.py --resume-from runs/default/checkpoints/model_100000_steps.zip
     tensorboard --logdir runs
@@ -60,6 +61,12 @@ class Args:
     """a model.zip or checkpoint to continue training from (same algorithm)"""
 
     # --- environment
+    task: str = ""
+    """a benchmark task (cbgym.tasks, e.g. conv-study-overload): it fixes the trace, engine,
+    training loads, SLO, window size and the split (training on its train windows; the
+    periodic and final evaluations on its validation windows at its test load, never its test
+    windows), replacing --trace --engine --load --ttft-slo --tpot-slo --episode-requests
+    --train-fraction --eval-loads; score the result with `cbgym evaluate`"""
     env_id: str = "cbgym/Scheduling-v0"
     """cbgym/Scheduling-v0 (PPO, slot scores) or cbgym/SchedulingMasked-v0 (MaskablePPO)"""
     trace: str = "azure-conv-2023"
@@ -88,6 +95,11 @@ class Args:
     shed_threshold: float = -0.51
     """waiting-slot scores at or below it shed the request if it already missed its TTFT (the
     env's default, -0.99, is rarely explored by a Gaussian policy: see docs/learned.md)"""
+    shed_rule: str = "late"
+    """which requests a shed score sheds: late (waited past the TTFT target) or unreachable
+    (waited + own prefill at the engine's cost past it); a task sets its own"""
+    admission_cap: bool = False
+    """append the running-cap score to the action (admission control; a task sets its own)"""
     ttft_miss_weight: float = 0.0
     """training-only shaping: weight of the penalty when a TTFT deadline passes unmet"""
     shed_weight: float = 0.0
@@ -131,6 +143,19 @@ class Args:
     """gradient clipping norm"""
     log_std_init: float = -1.0
     """initial log standard deviation of the Gaussian scores (PPO only)"""
+    cap_log_std_init: float = -2.5
+    """initial log standard deviation of the running-cap score (admission_cap): exploration
+    noise on the cap ratchets the batch up (one high draw admits many, and they stay), so it
+    starts narrower than the slot scores'"""
+
+    # --- behaviour-cloning warm start (cbgym/agents/imitation.py)
+    imitate: str = ""
+    """a fast-path policy to imitate before PPO (e.g. cb-sjf-work-shed:28): its decisions on
+    the training env become score targets for the network (and its returns the critic's)"""
+    imitate_steps: int = 100_000
+    """env steps of demonstrations"""
+    imitate_epochs: int = 5
+    """passes over the demonstrations"""
 
     # --- evaluation and checkpoints
     eval_freq: int = 250_000
@@ -139,7 +164,7 @@ class Args:
     """held-out windows per load (evenly spaced over the last 1 - train_fraction)"""
     eval_loads: tuple[float, ...] = (0.9, 1.0)
     """offered loads of the held-out evaluation"""
-    eval_baselines: tuple[str, ...] = ("fcfs", "cb-sjf-work", "oracle-work")
+    eval_baselines: tuple[str, ...] = ("fcfs", "cb-sjf-work", "cb-sjf-work-shed", "oracle-work")
     """baselines scored on the same windows (once)"""
     checkpoint_freq: int = 50_000
     """save a checkpoint every this many steps (0: none)"""
@@ -184,24 +209,72 @@ def parse_args(argv: list[str] | None = None) -> Args:
     for name in ("num_envs", "n_steps", "batch_size", "n_epochs", "episode_requests"):
         if getattr(ns, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1")
+    if ns.imitate:
+        from cbgym.bench import check_policy
+
+        if "Masked" in ns.env_id:
+            parser.error("--imitate: demonstrations are score vectors (cbgym/Scheduling-v0)")
+        try:
+            check_policy(ns.imitate)
+        except ValueError as exc:
+            parser.error(f"--imitate: {exc}")
+    if ns.shed_rule not in ("late", "unreachable"):
+        parser.error(f"--shed-rule {ns.shed_rule!r}: expected late or unreachable")
     for name in ("env_threads", "torch_threads", "total_timesteps"):
         if getattr(ns, name) < 0:
             parser.error(f"--{name.replace('_', '-')} must be >= 0")
-    return Args(**{k: tuple(v) if isinstance(v, list) else v for k, v in vars(ns).items()})
+    args = Args(**{k: tuple(v) if isinstance(v, list) else v for k, v in vars(ns).items()})
+    if args.task:
+        from cbgym.tasks import TASKS
+
+        if args.task not in TASKS:
+            parser.error(f"--task {args.task!r}: expected one of {', '.join(TASKS)}")
+        args = with_task(args)
+    return args
+
+
+def with_task(args: Args) -> Args:
+    """``args`` with the settings its task fixes."""
+    from cbgym.tasks import get
+
+    t = get(args.task)
+    load = t.train_load if isinstance(t.train_load, tuple) else (t.train_load,)
+    return dataclasses.replace(args, trace=t.trace, engine=t.engine, load=tuple(load),
+                               ttft_slo=t.slo.ttft_s, tpot_slo=t.slo.tpot_s,
+                               episode_requests=t.episode_requests, train_fraction=t.splits[0],
+                               eval_loads=(t.test_load,),
+                               shed_rule=t.env.get("shed_rule", "late"),
+                               # the masked variant caps its admissions by STOP
+                               admission_cap=bool(t.env.get("admission_cap", False))
+                               and not is_masked(args),
+                               eval_baselines=tuple(dict.fromkeys(
+                                   (*args.eval_baselines, *t.references))))
 
 
 # ----------------------------------------------------------------------------- environment
-def load_base_trace(name: str) -> Trace:
-    """The trace to draw windows from; synthetic-conv if the named one cannot be had."""
+def load_base_trace(name: str, task: str = "") -> Trace:
+    """The trace to draw windows from; synthetic-conv if the named one cannot be had (never
+    for a task: it would not be the task)."""
     from cbgym.workload import load_trace
     from cbgym.workload.catalog import TraceNotFoundError
 
+    if task:
+        return load_trace(name, download=False)
     try:
         return load_trace(name, download=False)
     except TraceNotFoundError as exc:
         print(f"[train] {name} unavailable ({exc.__class__.__name__}); using synthetic-conv",
               file=sys.stderr)
         return load_trace("synthetic-conv")
+
+
+def engine_config(args: Args) -> EngineConfig:
+    """The engine: the preset, with the task's further settings (e.g. its KV capacity)."""
+    if args.task:
+        from cbgym.tasks import get
+
+        return get(args.task).engine_config()
+    return EngineConfig(preset=args.engine)
 
 
 def split_index(args: Args, trace: Trace) -> int:
@@ -212,16 +285,22 @@ def split_index(args: Args, trace: Trace) -> int:
 def env_kwargs(args: Args, trace: Trace, engine: EngineConfig, mu: float) -> dict[str, Any]:
     """Keyword arguments of the training environments."""
     load = args.load[0] if len(args.load) == 1 else (args.load[0], args.load[1])
-    return {
+    kwargs = {
         "trace": trace, "load": load, "engine": engine,
         "episode_requests": args.episode_requests,
         "window_start_range": (0, split_index(args, trace)),
         "slo": SLO(args.ttft_slo, args.tpot_slo), "K": args.K, "R": args.R,
         "window_rule": args.window_rule, "hold_threshold": args.hold_threshold,
-        "shed_threshold": args.shed_threshold, "ttft_miss_weight": args.ttft_miss_weight,
+        "shed_threshold": args.shed_threshold, "shed_rule": args.shed_rule,
+        "admission_cap": args.admission_cap, "ttft_miss_weight": args.ttft_miss_weight,
         "shed_weight": args.shed_weight, "latency_weight": args.latency_weight,
         "capacity_rps": mu,
     }
+    if args.task:  # the task's env settings, under what the flags set (thresholds, K, R)
+        from cbgym.tasks import get
+
+        kwargs = {**get(args.task).env, **kwargs}
+    return kwargs
 
 
 def model_meta(args: Args) -> dict[str, Any]:
@@ -229,9 +308,9 @@ def model_meta(args: Args) -> dict[str, Any]:
     return {
         "algo": "maskable_ppo" if is_masked(args) else "ppo", "env_id": args.env_id,
         "window_rule": args.window_rule, "hold_threshold": args.hold_threshold,
-        "shed_threshold": args.shed_threshold,
+        "shed_threshold": args.shed_threshold, "shed_rule": args.shed_rule,
         "slo": {"ttft_s": args.ttft_slo, "tpot_s": args.tpot_slo}, "engine": args.engine,
-        "trace": args.trace, "train_fraction": args.train_fraction,
+        "trace": args.trace, "train_fraction": args.train_fraction, "task": args.task,
     }
 
 
@@ -241,7 +320,12 @@ def is_masked(args: Args) -> bool:
 
 # ----------------------------------------------------------------------------- evaluation
 def eval_starts(args: Args, trace: Trace) -> list[int]:
-    """Window starts evenly spaced over the held-out range (non-overlapping when it fits)."""
+    """Window starts evenly spaced over the held-out range (non-overlapping when it fits); a
+    task's validation windows."""
+    if args.task:
+        from cbgym.tasks import get
+
+        return get(args.task).starts(len(trace), "validation")
     lo, hi = split_index(args, trace), len(trace) - args.episode_requests
     if hi < lo:
         raise ValueError(f"the held-out range [{lo}, {len(trace)}) cannot hold one window of "
@@ -311,7 +395,8 @@ class HeldOutEval:
             results = {"learned": self._score(LearnedPolicy(model)), **self.baselines}
         finally:
             torch.set_num_threads(threads)
-        return {"windows": self.starts, "loads": list(self.args.eval_loads),
+        return {"split": "validation" if self.args.task else "held-out",
+                "windows": self.starts, "loads": list(self.args.eval_loads),
                 "episode_requests": self.args.episode_requests,
                 "slo": {"ttft_s": self.args.ttft_slo, "tpot_s": self.args.tpot_slo},
                 "summary": summarize(results), "per_window": results}
@@ -442,9 +527,29 @@ def build_model(args: Args, vec_env: Any, out: Path) -> Any:
                  ent_coef=args.ent_coef, vf_coef=args.vf_coef,
                  max_grad_norm=args.max_grad_norm, policy_kwargs=policy_kwargs,
                  tensorboard_log=str(out / "tb"), seed=args.seed, device="cpu", verbose=0)
+    if args.admission_cap and not is_masked(args):
+        import torch
+
+        with torch.no_grad():  # the last action dimension is the running cap
+            model.policy.log_std[-1] = args.cap_log_std_init
     # saved in the zip: the learned policy reads the thresholds, window rule and SLO from it
     setattr(model, META_KEY, model_meta(args))
     return model
+
+
+def imitate(args: Args, model: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """Behaviour cloning of ``args.imitate`` on the training env before PPO."""
+    from cbgym.agents import make_policy
+    from cbgym.agents.imitation import clone, demonstrate
+    from cbgym.env.scheduling_env import SchedulingEnv
+
+    t0 = time.perf_counter()
+    demos = demonstrate(SchedulingEnv(**kwargs), make_policy(args.imitate), args.imitate_steps,
+                        args.gamma, seed=args.seed)
+    fit = clone(model.policy, demos, args.imitate_epochs, args.batch_size,
+                args.learning_rate, args.seed)
+    return {"policy": args.imitate, "steps": len(demos.actions), "episodes": demos.episodes,
+            "demo_goodput": demos.goodput, **fit, "seconds": time.perf_counter() - t0}
 
 
 def export_policy(model: Any, path: Path) -> None:
@@ -494,8 +599,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
 
     # TRY NOT TO MODIFY: the trace, its capacity and the train / held-out split
-    trace = load_base_trace(args.trace)
-    engine = EngineConfig(preset=args.engine)
+    trace = load_base_trace(args.trace, args.task)
+    engine = engine_config(args)
     mu = measure_capacity(trace, engine)  # one mu for every window, as the study scales load
     kwargs = env_kwargs(args, trace, engine, mu)
     threads = args.env_threads or min(cpus, args.num_envs)
@@ -503,12 +608,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                                           num_threads=threads, **kwargs))
     evaluator = HeldOutEval(args, trace, engine, mu)
     model = build_model(args, vec_env, out)
+    warm = imitate(args, model, kwargs) if args.imitate and not args.resume_from else None
     config = {"args": dataclasses.asdict(args),
               "trace_name": trace.name, "trace_requests": len(trace),
               "train_requests": [0, split_index(args, trace)],
               "heldout_requests": [split_index(args, trace), len(trace)],
               "capacity_rps": mu, "engine": cbgym.metrics.config_dict(engine),
-              "meta": model_meta(args), "versions": versions(), "command": sys.argv}
+              "meta": model_meta(args), "versions": versions(), "command": sys.argv,
+              "imitation": warm}
     (out / "config.json").write_text(json.dumps(config, indent=1))
 
     # ALGO LOGIC: learn, with evaluation and checkpoints along the way
@@ -545,7 +652,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 def print_table(ev: dict[str, Any]) -> None:
     """The held-out goodput table (requests meeting both SLOs per window)."""
     for load, per in ev["summary"].items():
-        print(f"held-out rho={load} ({len(ev['windows'])} windows of "
+        print(f"{ev.get('split', 'held-out')} rho={load} ({len(ev['windows'])} windows of "
               f"{ev['episode_requests']} requests): goodput mean +- std")
         for p, s in per.items():
             if p.startswith("margin"):

@@ -52,6 +52,8 @@ def make(masked: bool = False, **kw: Any) -> gym.Env:
     kw.setdefault("engine", small_config())
     kw.setdefault("episode_requests", 64)
     kw.setdefault("load", 1.0)
+    if not masked:  # the env's own action layout (the default task appends a cap score)
+        kw.setdefault("admission_cap", False)
     return gym.make(IDS[masked], **kw)
 
 
@@ -290,7 +292,8 @@ def test_scores_order_hold_and_admit() -> None:
 
 def test_shedding_rule_sheds_only_late_requests() -> None:
     burst = Trace.from_arrays(np.zeros(6), [100] * 6, [50] * 6)
-    env = make(trace=burst, episode_requests=6, load=None, slo=SLO(ttft_s=0.05, tpot_s=1.0))
+    env = make(trace=burst, episode_requests=6, load=None, slo=SLO(ttft_s=0.05, tpot_s=1.0),
+               shed_rule="late")
     env.reset(seed=0)
     u = env.unwrapped
     a = np.full(48, -1.0, np.float32)
@@ -302,6 +305,72 @@ def test_shedding_rule_sheds_only_late_requests() -> None:
     _, _, _, _, info = env.step(a)
     assert info["num_shed"] > 0
     assert set(u.engine.req.reason.values()) == {"shed_by_agent"}
+
+
+@pytest.mark.parametrize("rule", ["late", "unreachable"])
+def test_unreachable_requests_are_sheddable_before_their_deadline(rule: str) -> None:
+    """"unreachable": waited + own prefill at the linear cost (12 ms + 0.28 ms per token) past
+    the target. At t=0 with a 100 ms target, 1,000-token prompts (292 ms) are unreachable,
+    100-token ones (40 ms) are not; "late" sheds nobody before the deadline."""
+    from cbgym.agents.work import shed_lead
+
+    burst = Trace.from_arrays(np.zeros(6), [100, 1000, 100, 1000, 100, 1000], [50] * 6)
+    env = make(trace=burst, episode_requests=6, load=None, slo=SLO(ttft_s=0.1, tpot_s=1.0),
+               shed_rule=rule, engine=small_config(max_num_seqs=1))
+    env.reset(seed=0)
+    u = env.unwrapped
+    assert u.shed_lead == shed_lead(rule, u.config) == (
+        (0.0, 0.0) if rule == "late" else (0.012, 0.00028))
+    a = np.full(48, -1.0, np.float32)
+    a[0] = 1.0  # admit slot 0 (request 0), shed score everywhere else
+    _, _, _, _, info = env.step(a)
+    req = u.engine.req
+    shed = sorted(r for r in range(6) if req.reason.get(r) == "shed_by_agent")
+    assert shed == ([] if rule == "late" else [1, 3, 5]) and info["num_shed"] == len(shed)
+    assert u.engine.waiting == ([1, 2, 3, 4, 5] if rule == "late" else [2, 4])
+
+
+def test_admission_cap_score_caps_the_running_batch() -> None:
+    from cbgym.env.kernel_ops import running_cap
+
+    assert [running_cap(x, 256) for x in (-1.0, -0.5, 0.0, 1.0)] == [1, 4, 16, 256]
+    assert running_cap(1.0, 24) == 24 and running_cap(-1.0, 24) == 1
+    burst = Trace.from_arrays(np.zeros(40), [50] * 40, [30] * 40)
+    env = make(trace=burst, episode_requests=40, load=None, admission_cap=True)
+    u = env.unwrapped
+    assert env.action_space.shape == (u.K + u.R + 1,) and u.layout.size == u.K + u.R + 1
+    env.reset(seed=0)
+    a = np.ones(u.layout.size, np.float32)
+    a[-1] = -0.5  # cap 4 (max_num_seqs 256)
+    most = 0
+    for _ in range(30):
+        env.step(a)
+        most = max(most, len(u.engine.running))
+    assert most == 4
+    a[-1] = 1.0  # the engine's own cap: the rest is admitted at once
+    env.step(a)
+    assert len(u.engine.running) > 4
+    with pytest.raises(InvalidActionError, match="expected"):
+        env.step(np.ones(u.K + u.R, np.float32))
+    with pytest.raises(ValueError, match="masked variant"):
+        make(True, admission_cap=True)
+
+
+def test_env_agent_ignores_the_cap_score() -> None:
+    """A baseline on an env with the cap score admits as it would without it."""
+    from cbgym.env.agents import EnvAgent, run_episode
+
+    finish = []
+    for cap in (False, True):
+        env = make(admission_cap=cap)
+        run_episode(env, EnvAgent("sjf-ctx", env), seed=0, options={"start": 10})
+        finish.append(env.unwrapped.episode_result().requests["finish_s"].to_numpy())
+    np.testing.assert_array_equal(*finish)
+
+
+def test_shed_rule_is_checked() -> None:
+    with pytest.raises(ValueError, match="shed_rule='soon'"):
+        make(shed_rule="soon")
 
 
 def shortfall_env(masked: bool) -> gym.Env:

@@ -23,7 +23,8 @@ from cbgym.workload.trace import Trace
 ARGS = {"noisy-oracle": "0.7", "noisy-oracle-work": "0.7"}
 AGING_WEIGHT = "0.5"
 # Not exact on the env by design (see cbgym.env.agents): fresh random draws / preemptive.
-FAST_PATH_ONLY = {"random", "oracle-srpt", "slo-edf", "learned"}  # learned: test_train.py
+# learned: test_train.py
+FAST_PATH_ONLY = {"random", "oracle-srpt", "slo-edf", "cb-sjf-work-shed", "learned"}
 
 
 def spec(name: str) -> str:

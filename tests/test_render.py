@@ -126,7 +126,8 @@ def test_render_is_cheap() -> None:
 def test_gymnasium_check_env_accepts_rgb_array() -> None:
     from gymnasium.utils.env_checker import check_env
 
-    env = gym.make("cbgym/Scheduling-v0", render_mode="rgb_array", episode_requests=64)
+    env = gym.make("cbgym/Scheduling-v0", render_mode="rgb_array", episode_requests=64,
+                   trace="synthetic-conv")  # offline: the default task's settings
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         check_env(env.unwrapped)
@@ -139,7 +140,8 @@ def test_sb3_vec_env_and_video_recorder(tmp_path: Path, env_id: str) -> None:
     from stable_baselines3.common.env_util import make_vec_env
 
     vec = make_vec_env(env_id, n_envs=2,
-                       env_kwargs=dict(render_mode="rgb_array", episode_requests=64))
+                       env_kwargs=dict(render_mode="rgb_array", episode_requests=64,
+                                       trace="synthetic-conv"))
     assert vec.render_mode == "rgb_array"
     vec.reset()
     for _ in range(3):
@@ -154,7 +156,8 @@ def test_sb3_vec_env_and_video_recorder(tmp_path: Path, env_id: str) -> None:
     from stable_baselines3.common.vec_env import VecVideoRecorder
 
     vec = make_vec_env(env_id, n_envs=2,
-                       env_kwargs=dict(render_mode="rgb_array", episode_requests=64))
+                       env_kwargs=dict(render_mode="rgb_array", episode_requests=64,
+                                       trace="synthetic-conv"))
     rec = VecVideoRecorder(vec, str(tmp_path), record_video_trigger=lambda step: step == 0,
                            video_length=4, name_prefix="cbgym")
     rec.reset()

@@ -8,6 +8,7 @@ import pytest
 import cbgym
 from cbgym import SLO, simulate
 from cbgym.agents import make_policy
+from cbgym.agents.work import shed_lead
 from cbgym.engine import PolicyContext
 
 PAPER = cbgym.EngineConfig(preset="cbsjf-paper")
@@ -30,9 +31,30 @@ def test_sheds_late_requests_and_beats_fcfs_on_goodput_under_overload() -> None:
     req = edf.requests
     shed = req[req["status"] == "shed"]
     assert len(shed) > 0 and (shed["reason"] == "slo_unreachable").all()
-    # every shed request had already waited past its TTFT target when it was dropped
-    assert ((shed["finish_s"] - shed["arrival_s"]) > slo.ttft_s).all()
+    # every shed request could no longer meet its TTFT target when it was dropped: waited +
+    # its own prefill at the engine's linearised cost exceeded it (some before the deadline)
+    fixed, per_token = shed_lead("unreachable", PAPER)
+    waited = shed["finish_s"] - shed["arrival_s"]
+    assert (waited + fixed + per_token * shed["prompt_tokens"] > slo.ttft_s).all()
+    assert (waited < slo.ttft_s).any()
     assert edf.summary()["slo_attainment"] > fcfs.summary()["slo_attainment"]
+
+
+def test_cb_sjf_work_shed_orders_as_cb_sjf_work_and_sheds_the_unreachable() -> None:
+    tr = overload()
+    slo = SLO(ttft_s=1.0, tpot_s=0.2)
+    res = {p: simulate(tr, p, PAPER, load=1.6, slo=slo) for p in
+           ("cb-sjf-work-shed", "cb-sjf-work", "slo-edf")}
+    req = res["cb-sjf-work-shed"].requests
+    shed = req[req["status"] == "shed"]
+    assert len(shed) > 0 and (shed["reason"] == "slo_unreachable").all()
+    good = {p: r.summary()["slo_attainment"] for p, r in res.items()}
+    assert good["cb-sjf-work-shed"] > max(good["cb-sjf-work"], good["slo-edf"])
+    # with nothing to shed (targets nobody misses) it is CB-SJF-Work, request for request
+    loose = SLO(ttft_s=1e6, tpot_s=1e6)
+    a = simulate(tr, "cb-sjf-work-shed", PAPER, load=0.9, slo=loose).requests
+    b = simulate(tr, "cb-sjf-work", PAPER, load=0.9, slo=loose).requests
+    assert a["first_scheduled_s"].equals(b["first_scheduled_s"])
 
 
 def test_tighter_slo_classes_are_admitted_first() -> None:

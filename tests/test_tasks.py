@@ -63,6 +63,28 @@ def test_every_task_id_builds_and_steps(name: str) -> None:
     assert u.window_start_range == task.ranges(len(u.base_trace))["train"]
 
 
+def test_the_default_ids_are_the_default_task() -> None:
+    from gymnasium.utils.env_checker import check_env
+
+    from cbgym.tasks import DEFAULT_TASK
+
+    task = get(DEFAULT_TASK)
+    try:
+        load_trace(task.trace)
+    except TraceNotFoundError:
+        pytest.skip(f"{task.trace} is not available here (CBGYM_TRACE_DIR)")
+    for env_id, twin in (("cbgym/Scheduling-v0", task.env_id),
+                         ("cbgym/SchedulingMasked-v0", task.masked_env_id)):
+        a, b = gym.make(env_id).unwrapped, gym.make(twin).unwrapped
+        assert (a.config, a.load, a.slo, a.window_start_range, a.episode_requests) == (
+            b.config, b.load, b.slo, b.window_start_range, b.episode_requests)
+        assert a.config == task.engine_config() and a.slo == task.slo
+        check_env(gym.make(env_id).unwrapped)  # Gymnasium's checker, default arguments
+    # another trace keeps the task's other settings, without the task's window range
+    other = gym.make("cbgym/Scheduling-v0", trace="synthetic-conv").unwrapped
+    assert other.config == task.engine_config() and other.window_start_range is None
+
+
 SMALL = Task("small", "an offline task for the tests", trace="synthetic-conv",
              engine="cbsjf-paper", train_load=1.2, test_load=1.3,
              slo=cbgym.SLO(ttft_s=2.0, tpot_s=0.1), episode_requests=128, test_windows=4)
@@ -81,6 +103,34 @@ def test_evaluate_scores_against_random_actions_and_the_best_reference() -> None
     assert (table["slo_attainment"].between(0, 1)).all()
     again = evaluate(SMALL, "sjf-ctx", references=("fcfs", "oracle-work"), seeds=(0, 1))
     assert again.table.equals(table)  # deterministic
+    assert ev.best_heuristic == "fcfs"  # oracle-work is privileged: never the heuristic bar
+    d = ev.versus("fcfs")
+    assert d.difference.mean == pytest.approx(table.loc["fcfs", "diff_vs"])
+
+
+def test_validation_windows_are_the_validation_range_and_never_the_test_windows() -> None:
+    from cbgym.tasks.evaluate import evaluate
+
+    ev = evaluate(SMALL, "fcfs", references=("sjf-ctx",), split="validation")
+    n = len(load_trace(SMALL.trace))
+    lo, hi = SMALL.ranges(n)["validation"]
+    assert ev.starts == SMALL.starts(n, "validation")
+    assert all(lo <= s and s + SMALL.episode_requests <= hi for s in ev.starts)
+    assert not set(ev.starts) & set(SMALL.starts(n))
+    with pytest.raises(ValueError, match="split='train'"):
+        evaluate(SMALL, "fcfs", split="train")
+
+
+def test_engine_arguments_and_env_settings_reach_the_env() -> None:
+    t = Task(**{**SMALL.__dict__, "engine": "llama-2-7b/a100-80gb",
+                "engine_args": {"num_kv_blocks": 500, "max_num_seqs": 16},
+                "env": {"shed_rule": "unreachable", "K": 8}})
+    cfg = t.engine_config()
+    assert (cfg.num_kv_blocks, cfg.max_num_seqs) == (500, 16)
+    kw = t.env_kwargs(None)
+    assert "window_start_range" not in kw and kw["K"] == 8
+    env = cbgym.SchedulingEnv(**kw)
+    assert env.config == cfg and env.shed_rule == "unreachable" and env.K == 8
 
 
 def test_cbgym_evaluate_command(capsys: pytest.CaptureFixture[str]) -> None:

@@ -136,7 +136,7 @@ def test_learned_policy_replays_the_env_exactly(masked: bool) -> None:
     env_id = "cbgym/SchedulingMasked-v0" if masked else "cbgym/Scheduling-v0"
     # small slots so that the windows overflow and the visible-window rule matters
     env = gym.make(env_id, trace=trace, engine=PAPER, load=1.1, episode_requests=96, K=4, R=8,
-                   window_rule="smallest_prompt")
+                   window_rule="smallest_prompt", slo=cbgym.SLO(2.0, 0.1), shed_rule="late")
     algo, policy = (MaskablePPO, MaskableSlotPolicy) if masked else (PPO, SlotPolicy)
     model = algo(policy, env, seed=3, device="cpu")
     # an untrained scorer is nearly constant: give its output layers weight to rank with,
@@ -155,6 +155,25 @@ def test_learned_policy_replays_the_env_exactly(masked: bool) -> None:
     fast = cbgym.simulate(env.unwrapped.episode_trace, LearnedPolicy(model), engine=PAPER).requests
     for col in COLUMNS:
         np.testing.assert_array_equal(got[col].to_numpy(), fast[col].to_numpy(), err_msg=col)
+
+
+def test_learned_policy_decodes_with_the_env_settings() -> None:
+    """The fast path's decoder gets the env's settings, the shed rule's lead included."""
+    trace = load_trace("synthetic-conv")
+    env = gym.make("cbgym/Scheduling-v0", trace=trace, engine=PAPER, load=1.4,
+                   episode_requests=64, slo=cbgym.SLO(0.5, 0.1), shed_threshold=-0.51,
+                   shed_rule="unreachable")
+    env.reset(seed=0)
+    model = PPO(SlotPolicy, env, seed=3, device="cpu")
+    model.cbgym = {"algo": "ppo", "window_rule": "oldest", "hold_threshold": -0.5,
+                   "shed_threshold": -0.51, "shed_rule": "unreachable",
+                   "slo": {"ttft_s": 0.5, "tpot_s": 0.1}}
+    pol = LearnedPolicy(model)
+    cbgym.simulate(env.unwrapped.episode_trace, pol, engine=PAPER)
+    env_es = env.unwrapped._sim.es
+    np.testing.assert_array_equal(pol._es.cfg_f, env_es.cfg_f)
+    np.testing.assert_array_equal(pol._es.cfg_i, env_es.cfg_i)
+    assert env_es.cfg_f[2:].tolist() == [0.008, 0.00028]  # the study engine's c_f, c_p
 
 
 @pytest.mark.skipif("default" not in shipped_names(), reason="no shipped checkpoint yet")
@@ -207,3 +226,56 @@ def test_time_budget_stops_training_then_evaluates(tmp_path: Path) -> None:
     assert final["training"]["stopped_by_time_budget"] is True
     assert final["training"]["timesteps"] < 100_000
     assert (tmp_path / "evaluation.json").is_file() and (tmp_path / "policy.zip").is_file()
+
+
+def test_a_task_fixes_the_run_and_evaluates_on_its_validation_windows() -> None:
+    from cbgym.tasks import get
+
+    t = get("code-vllm-bursty")
+    args = train.parse_args(["--task", t.name, "--load", "3.0"])
+    assert (args.trace, args.engine, args.load, args.ttft_slo, args.tpot_slo) == (
+        t.trace, t.engine, t.train_load, t.slo.ttft_s, t.slo.tpot_s)
+    assert args.eval_loads == (t.test_load,) and args.shed_rule == "unreachable"
+    assert args.admission_cap and t.references[0] in args.eval_baselines
+    masked = train.parse_args(["--task", t.name, "--env-id", "cbgym/SchedulingMasked-v0"])
+    assert not masked.admission_cap  # the masked variant caps by STOP
+    trace = load_trace("synthetic-conv")  # any trace: the windows come from the task's split
+    assert train.eval_starts(args, trace) == t.starts(len(trace), "validation")
+    with pytest.raises(SystemExit):
+        train.parse_args(["--task", "nope"])
+
+
+def test_imitation_warm_start(tmp_path: Path) -> None:
+    final = train.main([*SMOKE, "--admission-cap", "--shed-rule", "unreachable",
+                        "--imitate", "cb-sjf-work-shed:8", "--imitate-steps", "300",
+                        "--imitate-epochs", "3", "--total-timesteps", "0", "--eval-freq", "0",
+                        "--checkpoint-freq", "0", "--output-dir", str(tmp_path)])
+    warm = json.loads((tmp_path / "config.json").read_text())["imitation"]
+    assert warm["policy"] == "cb-sjf-work-shed:8" and warm["steps"] >= 300
+    assert warm["final_actor_mse"] < 0.5 and "learned" in final["summary"]["0.9"]
+    assert load_model(tmp_path / "policy.zip").action_space.shape == (16 + 32 + 1,)
+    for bad in (["--imitate", "nope"],
+                ["--imitate", "fcfs", "--env-id", "cbgym/SchedulingMasked-v0"]):
+        with pytest.raises(SystemExit):
+            train.parse_args(bad)
+
+
+def test_ship_checkpoint_makes_a_learned_name(smoke_run: Path, tmp_path: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib
+
+    import cbgym.agents.learned as learned
+
+    sys.path.insert(0, str(ROOT / "tools"))
+    ship = importlib.import_module("ship_checkpoint")
+    monkeypatch.setattr(learned, "CHECKPOINT_DIR", tmp_path)
+    monkeypatch.setattr(ship, "CHECKPOINT_DIR", tmp_path)
+    ship.main(["smoke", str(smoke_run), "--description", "a test"])
+    assert "smoke" in learned.shipped_names()
+    card = learned.read_card("smoke")
+    assert card["description"] == "a test" and "per_window" not in card["evaluation"]
+    assert LearnedPolicy("smoke").label == "learned:smoke"
+    with pytest.raises(SystemExit):
+        ship.main(["bad name", str(smoke_run), "--description", "x"])
+    with pytest.raises(SystemExit):
+        ship.main(["other", str(tmp_path), "--description", "x"])

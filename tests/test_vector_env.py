@@ -24,7 +24,9 @@ from cbgym.env.action import InvalidActionError
 from cbgym.env.vector import SchedulingVectorEnv
 
 ID = "cbgym/Scheduling-v0"
-FAST = {"episode_requests": 24, "load": (0.8, 1.4)}
+# the env's own layout on the offline trace (the default task appends a cap score)
+FAST = {"episode_requests": 24, "load": (0.8, 1.4), "trace": "synthetic-conv",
+        "admission_cap": False}
 
 
 def single_runs(n: int, seed: int, actions: np.ndarray, **kw) -> list[list[tuple]]:
@@ -206,9 +208,10 @@ def test_reset_info_counts_requests_shed_before_the_first_decision() -> None:
     trace = cbgym.Trace.from_arrays(np.arange(13) * 0.01, prompts, [5] * 13)
     cfg = cbgym.EngineConfig(preset=None, cost_model=cbgym.LinearCostModel(),
                              num_kv_blocks=64)
-    env = gym.make(ID, trace=trace, engine=cfg, episode_requests=13, load=None)
+    env = gym.make(ID, trace=trace, engine=cfg, episode_requests=13, load=None,
+                   admission_cap=False)
     venv = gym.make_vec(ID, num_envs=2, trace=trace, engine=cfg, episode_requests=13,
-                        load=None)
+                        load=None, admission_cap=False)
     _, info = env.reset(seed=0)
     _, vinfo = venv.reset(seed=0)
     shed_later, ended = 0, False
@@ -316,7 +319,8 @@ def test_same_step_final_info_and_final_obs_follow_gymnasium() -> None:
 def test_a_window_that_cannot_be_scaled_fails_when_it_would_start() -> None:
     arrival = np.concatenate([np.arange(24) * 0.1, np.full(24, 5.0)])
     trace = cbgym.Trace.from_arrays(arrival, [100] * 48, [5] * 48)
-    kw = {"trace": trace, "episode_requests": 24, "load": 1.0, "capacity_rps": 5.0}
+    kw = {"trace": trace, "episode_requests": 24, "load": 1.0, "capacity_rps": 5.0,
+          "admission_cap": False}
     venv = gym.make_vec(ID, num_envs=1, **kw).unwrapped
     venv.reset(options={"start": 0})  # a good window now, whatever comes next
     venv.draws.set(0, 24, 1.0)  # the next one: 24 equal arrival times

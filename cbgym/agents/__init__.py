@@ -41,14 +41,14 @@ from cbgym.agents.oracles import OracleSJF, OracleWork
 from cbgym.agents.params import check_arity
 from cbgym.agents.random_order import RandomOrder
 from cbgym.agents.sjf_ctx import SJFCtx
-from cbgym.agents.slo_edf import SLOEarliestDeadline
+from cbgym.agents.slo_edf import CBSJFWorkShed, SLOEarliestDeadline
 from cbgym.engine.decision import Policy
 
 POLICIES: dict[str, type[Policy]] = {
     cls.name: cls
     for cls in (FCFS, SJFCtx, CBSJFWork, LJFWork, RandomOrder, OracleSJF, OracleWork,
                 OracleSRPT, NoisyOracle, NoisyOracleWork, *AGING_POLICIES, SLOEarliestDeadline,
-                LearnedPolicy)
+                CBSJFWorkShed, LearnedPolicy)
 }
 
 
@@ -74,7 +74,8 @@ def make_policy(spec: str) -> Policy:
 
 __all__ = [
     "POLICIES", "make_policy", "with_aging", "KeyPolicy", "QueueView", "FCFS", "SJFCtx",
-    "CBSJFWork", "LJFWork", "RandomOrder", "SLOEarliestDeadline", "OracleSJF", "OracleWork",
+    "CBSJFWork", "CBSJFWorkShed", "LJFWork", "RandomOrder", "SLOEarliestDeadline", "OracleSJF",
+    "OracleWork",
     "OracleSRPT",
     "NoisyOracle", "NoisyOracleWork", "SJFCtxAging", "CBSJFWorkAging", "OracleSJFAging",
     "OracleWorkAging", "NoisyOracleAging", "NoisyOracleWorkAging",

@@ -38,6 +38,7 @@ META_KEY = "cbgym"  # attribute of the SB3 model (saved in its zip) holding the 
 # the env's own defaults: how a zip that carries no settings (e.g. an rl-zoo3 run) is decoded
 DEFAULT_META: dict[str, Any] = {
     "algo": "ppo", "window_rule": "oldest", "hold_threshold": -0.5, "shed_threshold": -0.99,
+    "shed_rule": "late",
     "slo": {"ttft_s": 2.0, "tpot_s": 0.1},
 }
 
@@ -131,7 +132,9 @@ class LearnedPolicy(Policy):
         self.masked = hasattr(model.action_space, "n")
         from cbgym.env.action import ScoreLayout
 
-        self.layout = ScoreLayout(self.K, self.R)
+        # a score vector one longer than the slots carries the running cap (admission_cap)
+        cap = not self.masked and int(model.action_space.shape[0]) == self.K + self.R + 1
+        self.layout = ScoreLayout(self.K, self.R, cap)
         self.slo = SLO(**self.meta["slo"])
 
     def reset(self, ctx: PolicyContext) -> None:
@@ -153,6 +156,7 @@ class LearnedPolicy(Policy):
 
     def _windows(self, dp: DecisionPoint) -> tuple[np.ndarray, np.ndarray]:
         """Fix the visible windows at ``dp`` as the env does; (waiting ids, running ids)."""
+        from cbgym.agents.work import shed_lead
         from cbgym.env import kernel_ops as ko
         from cbgym.env.observation import slot_template
 
@@ -164,7 +168,8 @@ class LearnedPolicy(Policy):
                 self.meta["hold_threshold"], self.meta["shed_threshold"],
                 cfg.max_num_batched_tokens, cfg.max_num_seqs, int(cfg.num_kv_blocks or 0),
                 slot_template(dp.prompt_tokens, dp.tenant, dp.slo_class), dp.arrival_s,
-                ttft, tpot)
+                ttft, tpot, shed_lead(self.meta.get("shed_rule", "late"), cfg),
+                self.layout.cap)
         ko.visible(dp.kernel_state, self._es)
         win = self._es.win
         w_ids = win[ko.W_IDS:ko.W_IDS + win[ko.NW]].copy()

@@ -1,26 +1,61 @@
-"""SLO-EDF: earliest TTFT deadline first, and no capacity spent on requests already lost."""
+"""SLO-aware heuristics: spend no capacity on requests already lost.
+
+* ``slo-edf``: earliest TTFT deadline first, shedding the unreachable.
+* ``cb-sjf-work-shed``: CB-SJF-Work's order, shedding the unreachable (the strongest
+  content-blind rule on the overloaded tasks: short requests first, nothing spent on lost
+  ones).
+
+A waiting request is unreachable once it can no longer meet its TTFT target even if admitted
+at once: waited + its own prefill at the engine's linearised cost > target
+(:func:`cbgym.agents.work.shed_lead`, the env's ``shed_rule="unreachable"``).
+"""
 
 from __future__ import annotations
 
 import numpy as np
 
+from cbgym.agents.cb_sjf_work import CBSJFWork
+from cbgym.agents.params import parse_float
+from cbgym.agents.work import shed_lead
 from cbgym.engine.decision import Decision, DecisionPoint, Policy, PolicyContext
 
 DEFAULT_TTFT_S = 2.0  # cbgym.metrics.SLO's default, when the run gives no targets
 
 
+def ttft_targets(ctx: PolicyContext, name: str) -> np.ndarray:
+    """Each request's TTFT target from the run's SLO (``DEFAULT_TTFT_S`` where none is given),
+    checked."""
+    ttft = ctx.ttft_target_s
+    if ttft is None:
+        ttft = np.full(ctx.num_requests, DEFAULT_TTFT_S)
+    out = np.asarray(ttft, dtype=np.float64)
+    if out.shape != (ctx.num_requests,) or not (out > 0).all():
+        raise ValueError(f"{name}: ttft_target_s must hold {ctx.num_requests} positive "
+                         f"targets, got shape {out.shape}")
+    return out
+
+
+def unreachable(dp: DecisionPoint, ttft: np.ndarray, lead: tuple[float, float]
+                ) -> np.ndarray:
+    """Which waiting requests can no longer meet their TTFT target: waited + their own
+    prefill at the engine's linearised cost exceeds it (the env's ``shed_rule="unreachable"``,
+    :func:`cbgym.agents.work.shed_lead`)."""
+    w = dp.waiting
+    return dp.now - dp.arrival_s[w] + lead[0] + lead[1] * dp.prompt_tokens[w] > ttft[w]
+
+
 class SLOEarliestDeadline(Policy):
     """Admit waiting requests by TTFT deadline (arrival + the request's TTFT target), earliest
-    first, ties in queue order; shed a waiting request once its deadline has passed without a
-    first token: it can no longer count toward goodput but would still take capacity.
+    first, ties in queue order; shed a waiting request once it can no longer meet its TTFT
+    target (see the module docstring): it cannot count toward goodput but would still take
+    capacity.
 
     Content-blind: it reads arrival times, the clock and the SLO targets, which a serving
     system knows (``PolicyContext.ttft_target_s``, filled by ``cbgym.simulate`` from its
-    ``slo``; 2 s each when absent). Not privileged. The deadline order alone is a static key,
-    but lateness changes with the clock alone, so the engine asks at every iteration with
-    someone waiting. Sheds are recorded with reason ``slo_unreachable``. The strongest
-    content-blind rule the CB-SJF-Work study's setting suggests is a different one (short
-    requests first, then shed the late); this one is the SLO-aware reference of the benchmark.
+    ``slo``; 2 s each when absent), prompt lengths and the engine's cost model. Not
+    privileged. The deadline order alone is a static key, but reachability changes with the
+    clock alone, so the engine asks at every iteration with someone waiting. Sheds are
+    recorded with reason ``slo_unreachable``.
     """
 
     name = "slo-edf"
@@ -28,19 +63,63 @@ class SLOEarliestDeadline(Policy):
 
     def reset(self, ctx: PolicyContext) -> None:
         super().reset(ctx)
-        ttft = ctx.ttft_target_s
-        if ttft is None:
-            ttft = np.full(ctx.num_requests, DEFAULT_TTFT_S)
-        self.ttft = np.asarray(ttft, dtype=np.float64)
-        if self.ttft.shape != (ctx.num_requests,) or not (self.ttft > 0).all():
-            raise ValueError(f"slo-edf: ttft_target_s must hold {ctx.num_requests} positive "
-                             f"targets, got shape {self.ttft.shape}")
+        self.ttft = ttft_targets(ctx, self.name)
+        self.lead = shed_lead("unreachable", ctx.config)
 
     def decide(self, dp: DecisionPoint) -> Decision:
         waiting = dp.waiting
         deadline = dp.arrival_s[waiting] + self.ttft[waiting]
-        late = dp.now - dp.arrival_s[waiting] > self.ttft[waiting]  # the env's shed rule
-        keep = ~late
+        lost = unreachable(dp, self.ttft, self.lead)
+        keep = ~lost
         order = waiting[keep][np.argsort(deadline[keep], kind="stable")]
-        return Decision(order=order, shed=waiting[late].tolist(),
+        return Decision(order=order, shed=waiting[lost].tolist(),
+                        shed_reason="slo_unreachable")
+
+
+class CBSJFWorkShed(CBSJFWork):
+    """CB-SJF-Work's order (least estimated work first, its content-blind estimate), and a
+    waiting request is shed once it can no longer meet its TTFT target, as ``slo-edf`` sheds.
+
+    The hand-written rule of ``docs/learned.md`` ("CB-SJF-Work + shed every late waiting
+    request"), shedding earlier (unreachable, not only late): on overloaded tasks goodput is
+    won by admitting short requests first and spending nothing on requests already lost.
+    Content-blind, not privileged. Reachability changes with the clock alone, so the engine
+    asks at every iteration with someone waiting.
+
+    Args:
+        cap: admission control: admit only while the running batch holds fewer than ``cap``
+            requests (``cb-sjf-work-shed:24``; 0, the default: only the engine's
+            ``max_num_seqs``). Past saturation a smaller batch keeps iterations short enough
+            for the TPOT target; the benchmark tasks tune it on their validation windows.
+    """
+
+    name = "cb-sjf-work-shed"
+    consult = "every_iteration"
+    sheds = True  # its keys alone are not its decisions: the env agent refuses it
+
+    def __init__(self, cap: int | str = 0) -> None:
+        super().__init__()
+        c = parse_float(cap, self.name, "cap", lo=0)
+        if c != int(c):
+            raise ValueError(f"policy {self.name!r}: cap must be a whole number, got {cap!r}")
+        self.cap = int(c)
+        self.label = f"{self.name}:{self.cap}" if self.cap else self.name
+
+    def reset(self, ctx: PolicyContext) -> None:
+        super().reset(ctx)
+        self.ttft = ttft_targets(ctx, self.name)
+        self.lead = shed_lead("unreachable", ctx.config)
+
+    def decide(self, dp: DecisionPoint) -> Decision:
+        waiting = dp.waiting
+        if len(waiting) == 0:
+            return super().decide(dp)
+        lost = unreachable(dp, self.ttft, self.lead)
+        keys = np.asarray(self.keys(self.view(dp)), dtype=np.float64)
+        keep = ~lost
+        # ties in queue order, as the engine breaks equal priorities
+        order = waiting[keep][np.argsort(keys[keep], kind="stable")]
+        if self.cap:
+            order = order[:max(self.cap - len(dp.running), 0)]
+        return Decision(order=order, shed=waiting[lost].tolist(),
                         shed_reason="slo_unreachable")

@@ -69,7 +69,8 @@ class SlotScorer(nn.Module):
         space: the env's ``Dict`` observation space (SB3's ``CombinedExtractor`` flattens it
             key by key in this order, which fixes where each key lies in the features).
         hidden: hidden layer sizes of the slot scorer and of the critic.
-        stop_logit: add one more output (the masked variant's STOP) computed from the context.
+        stop_logit: add one more output computed from the context: the masked variant's STOP
+            logit, or the running-cap score of ``Scheduling-v0`` with ``admission_cap``.
         act: activation function.
     """
 
@@ -156,8 +157,14 @@ class _SlotBuild:
     stop_logit: bool = False
 
     def _build_mlp_extractor(self) -> None:
-        self.mlp_extractor = SlotScorer(self.observation_space, _hidden(self.net_arch),
-                                        stop_logit=self.stop_logit, act=self.activation_fn)
+        space = self.observation_space
+        slots = space["waiting_mask"].shape[0] + space["running_mask"].shape[0]
+        action_space: Any = getattr(self, "action_space", None)
+        n = getattr(action_space, "n", None) or (action_space.shape[0] if action_space else 0)
+        # one output beyond the slots (STOP, or the running cap) comes from the context
+        self.mlp_extractor = SlotScorer(space, _hidden(self.net_arch),
+                                        stop_logit=self.stop_logit or int(n) > slots,
+                                        act=self.activation_fn)
 
     def _build(self, lr_schedule: Callable[[float], float]) -> None:
         super()._build(lr_schedule)  # type: ignore[misc]
@@ -171,7 +178,8 @@ class _SlotBuild:
 
 
 class SlotPolicy(_SlotBuild, MultiInputActorCriticPolicy):
-    """PPO policy for ``cbgym/Scheduling-v0``: Gaussian scores from :class:`SlotScorer`."""
+    """PPO policy for ``cbgym/Scheduling-v0``: Gaussian scores from :class:`SlotScorer` (and
+    the running cap from the context, with ``admission_cap``)."""
 
 
 class MaskableSlotPolicy(_SlotBuild, MaskableMultiInputActorCriticPolicy):

@@ -115,3 +115,26 @@ class WorkKeyPolicy(KeyPolicy):
     def reset(self, ctx: PolicyContext) -> None:
         super().reset(ctx)
         self.coef = work_coefficients(ctx.config)
+
+
+SHED_RULES = ("late", "unreachable")
+
+
+def shed_lead(rule: str, config: EngineConfig) -> tuple[float, float]:
+    """When a waiting request can be shed, as (seconds, seconds per prompt token) subtracted
+    from its TTFT target: it is sheddable once ``waited + a + b * prompt_tokens > target``.
+
+    ``"late"``: (0, 0), once its TTFT deadline has passed. ``"unreachable"``: ``(c_f, c_p)`` of
+    :func:`work_coefficients`, its own prefill at the engine's linearised cost: once less time
+    is left than that, even admitted at once and alone it would miss its first-token target
+    (the cost model knows no queueing or co-running decodes, so this is a lower bound on the
+    time to a first token: such requests are lost). Content-blind: the prompt length and the
+    engine's cost model.
+    """
+    if rule == "late":
+        return (0.0, 0.0)
+    if rule != "unreachable":
+        raise ValueError(f"shed_rule={rule!r}: expected one of {SHED_RULES}")
+    c = work_coefficients(config)
+    return (c.fixed_s, c.prefill_token_s)
+

@@ -32,12 +32,14 @@ class ScoreLayout:
     """Where each part of the ``Scheduling-v0`` action vector lives.
 
     ``action[waiting]``: one score per visible waiting slot; ``action[running]``: one score per
-    visible running slot. A future disaggregated variant appends its deflection scores at
-    ``[K + R, K + R + D)``; the existing slices never move.
+    visible running slot; with ``cap``, ``action[K + R]`` caps the running batch
+    (:func:`cbgym.env.kernel_ops.running_cap`). A future disaggregated variant appends its
+    deflection scores after these; the existing slices never move.
     """
 
     K: int
     R: int
+    cap: bool = False
 
     @property
     def waiting(self) -> slice:
@@ -49,7 +51,7 @@ class ScoreLayout:
 
     @property
     def size(self) -> int:
-        return self.K + self.R
+        return self.K + self.R + int(self.cap)
 
 
 def check_scores(action: object, size: int) -> np.ndarray:
@@ -60,7 +62,8 @@ def check_scores(action: object, size: int) -> np.ndarray:
         raise InvalidActionError(f"action must be a float array of shape ({size},): {exc}") from exc
     if a.shape != (size,):
         raise InvalidActionError(f"action has shape {a.shape}; expected ({size},) "
-                                 "(K waiting-slot scores, then R running-slot scores)")
+                                 "(K waiting-slot scores, then R running-slot scores, then the "
+                                 "running cap with admission_cap)")
     # one pass each: NaN propagates through min/max, so this also catches non-finite scores
     if not (-1.0 <= np.minimum.reduce(a) and np.maximum.reduce(a) <= 1.0):
         bad = np.flatnonzero(~((a >= -1.0) & (a <= 1.0)))[0]

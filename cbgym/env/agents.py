@@ -20,8 +20,8 @@ Whenever the waiting queue fits in the window (at most K waiting), the agent rep
 fast path (``cbgym.simulate`` with the same policy) request for request, bit for bit. The
 exceptions: ``random`` draws fresh scores on the env (its fast-path keys are per request id,
 which the view does not carry; see :class:`cbgym.agents.RandomOrder`), and preemptive
-``oracle-srpt`` and shedding ``slo-edf`` are not key policies and run on the fast path only
-(constructing an EnvAgent for them raises ``TypeError``).
+``oracle-srpt`` and the shedding ``slo-edf`` and ``cb-sjf-work-shed`` (``sheds = True``) run
+on the fast path only (constructing an EnvAgent for them raises ``TypeError``).
 """
 
 from __future__ import annotations
@@ -49,10 +49,11 @@ _SIM_TIME = global_index("sim_time")
 
 
 def _plays_env(policy: Policy) -> bool:
-    """Key policies, and the random control (its ``keys`` draws fresh scores on the env)."""
+    """Key policies that do not shed (their keys alone are their decisions), and the random
+    control (its ``keys`` draws fresh scores on the env)."""
     from cbgym.agents.random_order import RandomOrder
 
-    return isinstance(policy, KeyPolicy | RandomOrder)
+    return isinstance(policy, KeyPolicy | RandomOrder) and not getattr(policy, "sheds", False)
 
 
 class EnvAgent:
@@ -73,8 +74,8 @@ class EnvAgent:
 
         self.policy = resolve_policy(policy)
         if not _plays_env(self.policy):
-            raise TypeError(f"policy {self.policy.name!r} is not a key policy: it runs on the "
-                            "fast path (cbgym.simulate) only")
+            raise TypeError(f"policy {self.policy.name!r} is not a key policy (or it sheds): "
+                            "it runs on the fast path (cbgym.simulate) only")
         base = env.unwrapped
         if not isinstance(base, SchedulingEnv):
             raise TypeError(f"EnvAgent needs a cbgym SchedulingEnv, got {type(base).__name__}")
@@ -103,7 +104,9 @@ class EnvAgent:
         """The action for ``obs`` (a score vector, or a slot index for the masked variant)."""
         if self.env.masked:
             return self._act_masked(obs, info)
-        scores = np.zeros(self.K + self.R, dtype=np.float32)
+        scores = np.zeros(self.env.layout.size, dtype=np.float32)
+        if self.env.admission_cap:
+            scores[-1] = 1.0  # no cap beyond the engine's: a baseline admits as it would
         order = self.slot_order(obs, info)
         scores[order] = self._rank_scores[: len(order)]
         nr = int(np.count_nonzero(obs["running_mask"] > 0.5))

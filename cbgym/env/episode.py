@@ -45,6 +45,7 @@ class Episode:
                  tpot: np.ndarray) -> None:
         cfg = env.config
         self.weights = env.weights
+        self.size = env.layout.size  # scores per action
         self.engine = eng = Engine(window, cfg, consult=consult)
         assert cfg.num_kv_blocks is not None
         self.es = ko.new_env_state(
@@ -52,7 +53,7 @@ class Episode:
             env.shed_threshold, cfg.max_num_batched_tokens, cfg.max_num_seqs,
             cfg.num_kv_blocks, slot_template(window.prompt_tokens, window.tenant,
                                              window.slo_class),
-            window.arrival_s, ttft, tpot)
+            window.arrival_s, ttft, tpot, env.shed_lead, env.admission_cap)
         self.stuck = False
         self._obs: Obs | None = None
         self._bind()
@@ -112,7 +113,7 @@ class Episode:
     # ------------------------------------------------------------------ stepping
     def run_scores(self, action: object) -> StepOutcome:
         """Validate, decode and run a score vector in one kernel call."""
-        size = len(self.es.win) - ko.W_IDS
+        size = self.size
         a = None  # float vectors of the right shape go straight in; the kernel checks ranges
         if isinstance(action, np.ndarray) and action.dtype.kind == "f":
             a = np.ascontiguousarray(action, dtype=np.float64)  # the bound kernel's type

@@ -37,8 +37,8 @@ INVALID_ACTION = np.int64(100)  # step_scores: a score outside [-1, 1] or NaN
 _KINDS = np.array([0, 0, 0, 0, 0, 1, 0, 0, 0, 2, 2, 0, 0, 0, 0, 0, 3, 0], np.int64)
 
 # cfg_i / cfg_f: static settings
-K_SLOTS, R_SLOTS, SMALLEST, SHED_ON, TOKEN_BUDGET, MAX_SEQS, NUM_BLOCKS = L._codes(7)
-HOLD, SHED_THRESHOLD = L._codes(2)
+K_SLOTS, R_SLOTS, SMALLEST, SHED_ON, TOKEN_BUDGET, MAX_SEQS, NUM_BLOCKS, CAP_ON = L._codes(8)
+HOLD, SHED_THRESHOLD, SHED_FIXED_S, SHED_TOKEN_S = L._codes(4)
 # targets rows (float64, per request)
 TTFT, TPOT, DEADLINE, DL_SORTED = L._codes(4)
 # order rows (int64, per request): requests by TTFT deadline; shed requests already counted
@@ -72,10 +72,13 @@ class EnvState(NamedTuple):
 def new_env_state(K: int, R: int, smallest_prompt: bool, hold: float,
                   shed_threshold: float | None, token_budget: int, max_seqs: int,
                   num_blocks: int, template: np.ndarray, arrival_s: np.ndarray,
-                  ttft_target: np.ndarray, tpot_target: np.ndarray) -> EnvState:
+                  ttft_target: np.ndarray, tpot_target: np.ndarray,
+                  shed_lead: tuple[float, float] = (0.0, 0.0),
+                  admission_cap: bool = False) -> EnvState:
     """The env's kernel state at the start of an episode."""
     e = alloc_env_state(env_settings(K, R, smallest_prompt, hold, shed_threshold, token_budget,
-                                     max_seqs, num_blocks), len(arrival_s))
+                                     max_seqs, num_blocks, shed_lead, admission_cap),
+                        len(arrival_s))
     fill_env_state(e, np.ascontiguousarray(arrival_s, dtype=np.float64),
                    np.ascontiguousarray(ttft_target, dtype=np.float64),
                    np.ascontiguousarray(tpot_target, dtype=np.float64),
@@ -85,11 +88,16 @@ def new_env_state(K: int, R: int, smallest_prompt: bool, hold: float,
 
 def env_settings(K: int, R: int, smallest_prompt: bool, hold: float,
                  shed_threshold: float | None, token_budget: int, max_seqs: int,
-                 num_blocks: int) -> tuple[np.ndarray, np.ndarray]:
-    """(cfg_i, cfg_f): the env's static settings."""
+                 num_blocks: int, shed_lead: tuple[float, float] = (0.0, 0.0),
+                 admission_cap: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """(cfg_i, cfg_f): the env's static settings. ``shed_lead``: (seconds, seconds per prompt
+    token) by which a request becomes sheddable before its TTFT deadline
+    (:func:`cbgym.agents.work.shed_lead`); ``admission_cap``: the action's last score caps the
+    running batch (:func:`running_cap`)."""
     cfg_i = np.array([K, R, smallest_prompt, shed_threshold is not None, token_budget,
-                      max_seqs, num_blocks], np.int64)
-    cfg_f = np.array([hold, -2.0 if shed_threshold is None else shed_threshold], np.float64)
+                      max_seqs, num_blocks, admission_cap], np.int64)
+    cfg_f = np.array([hold, -2.0 if shed_threshold is None else shed_threshold,
+                      shed_lead[0], shed_lead[1]], np.float64)
     return cfg_i, cfg_f
 
 
@@ -161,11 +169,22 @@ def visible(s: State, e: EnvState) -> None:
 
 
 @kernel
+def running_cap(score: float, max_seqs: int) -> int:
+    """The running-batch cap a score in [-1, 1] asks for, log-scaled over [1, max_seqs]:
+    ``round(max_seqs ** ((score + 1) / 2))`` (-1: one request, 0: sqrt(max_seqs), 1: no cap
+    beyond the engine's)."""
+    cap = int(np.round(max_seqs ** ((score + 1.0) / 2.0)))
+    return min(max(cap, 1), max_seqs)
+
+
+@kernel
 def decode_scores(s: State, e: EnvState, a: np.ndarray
                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(order, shed, victims) ids from a validated score vector (see the env's docstring):
-    waiting slots at or above the hold threshold by descending score (ties in slot order);
-    late waiting requests scoring at or below the shed threshold; on a shortfall, running
+    waiting slots at or above the hold threshold by descending score (ties in slot order), at
+    most as many as the running cap leaves room for (with ``admission_cap``);
+    sheddable waiting requests (waited + the shed lead > TTFT target) scoring at or below the
+    shed threshold; on a shortfall, running
     slots by ascending score (ties: the most recently admitted first)."""
     K, win = e.cfg_i[K_SLOTS], e.win
     nw, nr, shortfall = win[NW], win[NR], win[SHORT] > 0
@@ -178,15 +197,20 @@ def decode_scores(s: State, e: EnvState, a: np.ndarray
     m = 0
     while m < nw and a[idx[m]] >= e.cfg_f[HOLD]:
         m += 1
+    if e.cfg_i[CAP_ON]:  # admissions stop once the batch holds the cap
+        room = running_cap(a[K + e.cfg_i[R_SLOTS]], e.cfg_i[MAX_SEQS]) - s.si[L.N_RUN]
+        m = min(m, max(room, 0))
     order = w_ids[idx[:m]]
     n_shed = 0
     shed = np.empty(nw, np.int64)
     threshold = e.cfg_f[SHED_THRESHOLD]
     if e.cfg_i[SHED_ON] and nw and a[:nw].min() <= threshold:
-        now, arrival = s.sf[L.NOW], s.times[L.ARRIVAL]
+        now, arrival, prompt = s.sf[L.NOW], s.times[L.ARRIVAL], s.req[L.PROMPT]
+        fixed, per_token = e.cfg_f[SHED_FIXED_S], e.cfg_f[SHED_TOKEN_S]
         for i in range(nw):
             rid = w_ids[i]
-            if now - arrival[rid] > e.targets[TTFT, rid] and a[i] <= threshold:
+            lead = fixed + per_token * prompt[rid]
+            if now - arrival[rid] + lead > e.targets[TTFT, rid] and a[i] <= threshold:
                 shed[n_shed] = rid
                 n_shed += 1
     victims = np.empty(nr if shortfall else 0, np.int64)

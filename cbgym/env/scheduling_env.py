@@ -15,6 +15,7 @@ import numpy as np
 from gymnasium import spaces
 from gymnasium.error import ResetNeeded
 
+from cbgym.agents.work import shed_lead
 from cbgym.engine.config import EngineConfig
 from cbgym.engine.decision import DecisionPoint
 from cbgym.engine.engine import Engine
@@ -79,16 +80,22 @@ class SchedulingEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
 
     ## Action Space
 
-    ``cbgym/Scheduling-v0``: ``Box(-1, 1, (K + R,), float32)``.
+    ``cbgym/Scheduling-v0``: ``Box(-1, 1, (K + R,), float32)`` (``K + R + 1`` with
+    ``admission_cap``).
 
     | Index        | Meaning                                                              |
     |--------------|----------------------------------------------------------------------|
     | 0 .. K-1     | score of waiting slot i: admitted in descending score order (ties in |
     |              | slot order) if score >= ``hold_threshold`` (-0.5), else held back;    |
-    |              | score <= ``shed_threshold`` (-0.99) sheds the request if it has been |
-    |              | in the system longer than its TTFT target (it can no longer meet it) |
+    |              | score <= ``shed_threshold`` (-0.99) sheds the request if it can no   |
+    |              | longer meet its TTFT target: ``shed_rule="late"``, it has waited     |
+    |              | longer than the target; ``"unreachable"``, waited + its own prefill  |
+    |              | at the engine's linearised cost exceeds it (the benchmark tasks')     |
     | K .. K+R-1   | score of running slot j: when memory runs short the lowest-scored    |
     |              | request is preempted first (ties: most recently admitted first)      |
+    | K+R          | with ``admission_cap=True`` only: caps the running batch at          |
+    |              | ``round(max_num_seqs ** ((score + 1) / 2))`` (1 .. max_num_seqs,     |
+    |              | log-scaled): admissions stop once it is reached                      |
     | K+R ..       | reserved: deflection scores of the disaggregated variant (appended)  |
 
     Scores of empty slots are ignored. Requests outside the visible window are held back.
@@ -220,6 +227,8 @@ class SchedulingEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
     | skip_trivial       | True             | do not stop when nothing can be decided       |
     | hold_threshold     | -0.5             | scores below it hold a request back           |
     | shed_threshold     | -0.99            | scores at or below it shed late ones (None)   |
+    | shed_rule          | "late"           | or "unreachable": which requests can be shed  |
+    | admission_cap      | False            | append the running-cap score to the action    |
     | ttft_miss_weight   | 0.0              | shaping weight of ``ttft_miss``               |
     | shed_weight        | 0.0              | shaping weight of ``shed``                    |
     | latency_weight     | 0.0              | shaping weight of ``latency``                 |
@@ -251,8 +260,8 @@ class SchedulingEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
         >>> obs, info = env.reset(seed=0)
         >>> sorted(obs)
         ['global', 'running', 'running_mask', 'waiting', 'waiting_mask']
-        >>> env.action_space
-        Box(-1.0, 1.0, (48,), float32)
+        >>> env.action_space  # K + R slot scores, then the default task's running cap
+        Box(-1.0, 1.0, (49,), float32)
         >>> obs, reward, terminated, truncated, info = env.step(env.action_space.sample())
         >>> sorted(info["reward_components"])
         ['goodput', 'latency', 'shed', 'ttft_miss']
@@ -274,6 +283,8 @@ class SchedulingEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
         skip_trivial: bool = True,
         hold_threshold: float = -0.5,
         shed_threshold: float | None = -0.99,
+        shed_rule: Literal["late", "unreachable"] = "late",
+        admission_cap: bool = False,
         ttft_miss_weight: float = 0.0,
         shed_weight: float = 0.0,
         latency_weight: float = 0.0,
@@ -300,13 +311,19 @@ class SchedulingEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
         self.skip_trivial = skip_trivial
         self.hold_threshold = hold_threshold
         self.shed_threshold = shed_threshold
+        self.shed_rule = shed_rule
+        self.shed_lead = shed_lead(shed_rule, self.config)  # (s, s per prompt token)
         self.weights = RewardWeights(ttft_miss_weight, shed_weight, latency_weight)
         self.max_steps = max_steps
         self.capacity_rps = capacity_rps
         self.masked = masked
         self.invalid_action = invalid_action
         self.render_mode = render_mode
-        self.layout = ScoreLayout(K, R)
+        if admission_cap and masked:
+            raise ValueError("admission_cap=True: the masked variant caps its admissions by "
+                             "STOP; the cap is a score of cbgym/Scheduling-v0")
+        self.admission_cap = bool(admission_cap)
+        self.layout = ScoreLayout(K, R, self.admission_cap)
         self.STOP = K + R
         self.action_space: spaces.Space = (
             spaces.Discrete(K + R + 1) if masked

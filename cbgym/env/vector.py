@@ -150,14 +150,14 @@ class SchedulingVectorEnv(VectorEnv):
         settings = ko.env_settings(proto.K, proto.R, proto.window_rule == "smallest_prompt",
                                    proto.hold_threshold, proto.shed_threshold,
                                    cfg.max_num_batched_tokens, cfg.max_num_seqs,
-                                   cfg.num_kv_blocks)
+                                   cfg.num_kv_blocks, proto.shed_lead, proto.admission_cap)
         self.E = ko.alloc_env_state(settings, n, (N,))
         self.V = np.zeros((N, vo.NUM_V), np.int64)
         self.slices = vo.obs_slices(proto.K, proto.R)
         self.draws = WindowDraws(proto, self.base, n, N)
         self.windows = self.draws.windows  # what the kernel reads
         K, R = proto.K, proto.R
-        self.acts = vo.Acts(np.zeros((N, K + R)), np.zeros(N, np.int64),
+        self.acts = vo.Acts(np.zeros((N, proto.layout.size)), np.zeros(N, np.int64),
                             np.zeros((N, mo.micro_size(K, R)), np.int64),
                             np.zeros((N, K + R + 1), np.int8),
                             np.array([proto.masked, proto.invalid_action == "stop"], np.int64))
@@ -279,7 +279,7 @@ class SchedulingVectorEnv(VectorEnv):
             _THREADS.n = self.num_threads
 
     def _actions(self, actions: Any) -> None:
-        """Copy the actions into the kernel's buffer: (N, K + R) scores (their ranges are
+        """Copy the actions into the kernel's buffer: (N, layout size) scores (their ranges are
         checked by the kernel)."""
         size = self.proto.layout.size
         try:

@@ -68,7 +68,7 @@ class Windows(NamedTuple):
 class Acts(NamedTuple):
     """The step's actions and the masked variant's micro-step state, one row per env."""
 
-    scores: np.ndarray  # (N, K + R) float64: Scheduling-v0's actions
+    scores: np.ndarray  # (N, K + R [+ 1]) float64: Scheduling-v0's actions
     picks: np.ndarray  # (N,) int64: SchedulingMasked-v0's actions
     m: np.ndarray  # (N, micro_ops.micro_size) int64: the choices made at the point
     mask: np.ndarray  # (N, K + R + 1) int8: the allowed picks

@@ -6,7 +6,7 @@
 means with confidence intervals, normalized scores and paired differences.
 """
 
-from cbgym.tasks.registry import TASKS, Task, get
+from cbgym.tasks.registry import DEFAULT_TASK, TASKS, Task, get
 from cbgym.tasks.scoring import (
     Interval,
     PairedDifference,
@@ -15,5 +15,5 @@ from cbgym.tasks.scoring import (
     paired_difference,
 )
 
-__all__ = ["TASKS", "Interval", "PairedDifference", "Task", "get", "mean_ci",
+__all__ = ["DEFAULT_TASK", "TASKS", "Interval", "PairedDifference", "Task", "get", "mean_ci",
            "normalized_score", "paired_difference"]

@@ -21,13 +21,19 @@ import numpy as np
 import pandas as pd
 
 from cbgym.tasks.registry import Task, get
-from cbgym.tasks.scoring import Interval, mean_ci, normalized_score, paired_difference
+from cbgym.tasks.scoring import (
+    Interval,
+    PairedDifference,
+    mean_ci,
+    normalized_score,
+    paired_difference,
+)
 
 __all__ = ["REFERENCES", "Evaluation", "evaluate"]
 
 # the baselines every task is scored against; the best of them is the normalizing reference
 REFERENCES = ("fcfs", "sjf-ctx", "cb-sjf-work", "cb-sjf-work-aging:0.5", "slo-edf",
-              "oracle-work", "oracle-sjf")
+              "cb-sjf-work-shed", "oracle-work", "oracle-sjf")
 RANDOM = "random actions"
 
 
@@ -46,6 +52,22 @@ class Evaluation:
     def best_reference(self) -> str:
         refs = [p for p in self.goodput if p not in (self.policy, RANDOM)]
         return max(refs, key=lambda p: self.goodput[p].mean())
+
+    @property
+    def best_heuristic(self) -> str:
+        """The best content-blind (not privileged) reference: the bar a learned policy must
+        clear."""
+        from cbgym.agents import POLICIES
+
+        refs = [p for p in self.goodput if p not in (self.policy, RANDOM)
+                and not POLICIES[p.partition(":")[0]].privileged]
+        if not refs:
+            raise ValueError("evaluate: no content-blind reference was run")
+        return max(refs, key=lambda p: self.goodput[p].mean())
+
+    def versus(self, baseline: str) -> PairedDifference:
+        """The evaluated policy minus ``baseline``, per window."""
+        return paired_difference(self.goodput[self.policy], self.goodput[baseline])
 
     def score(self, policy: str | None = None) -> Interval:
         """The normalized score of ``policy`` (default: the evaluated one)."""
@@ -71,29 +93,36 @@ class Evaluation:
         return pd.DataFrame(rows).set_index("policy")
 
 
-def evaluate(task: str | Task, policy: str, references: tuple[str, ...] = REFERENCES,
-             seeds: tuple[int, ...] = (0,)) -> Evaluation:
+def evaluate(task: str | Task, policy: str, references: tuple[str, ...] | None = None,
+             seeds: tuple[int, ...] = (0,), split: str = "test") -> Evaluation:
     """Score ``policy`` (a spec: ``cbgym.agents.POLICIES``, ``learned:PATH``) on the task.
 
     Every seed replays every test window (seeding randomised policies and random actions);
-    the results are the windows x seeds pairs."""
+    the results are the windows x seeds pairs. ``references``: by default
+    :data:`REFERENCES` and the task's own (``Task.references``). ``split="validation"``
+    replays as many windows of the validation range instead, at the test load: what task
+    design and tuning use, so that the test windows stay unseen."""
     if not seeds:
         raise ValueError("evaluate: give at least one seed")
     from cbgym.capacity import measure_capacity
-    from cbgym.engine.config import EngineConfig
     from cbgym.workload import load_trace
 
     t = task if isinstance(task, Task) else get(task)
+    if references is None:
+        references = (*REFERENCES, *t.references)
     trace = load_trace(t.trace)
-    engine = EngineConfig(preset=t.engine)
+    if split not in ("test", "validation"):
+        raise ValueError(f"evaluate: split={split!r}: expected 'test' or 'validation'")
+    engine = t.engine_config()
     mu = measure_capacity(trace, engine)  # once per trace: load is relative to it
-    starts = t.starts(len(trace))
+    starts = t.starts(len(trace), split)
     runs: dict[str, list[tuple[np.ndarray, np.ndarray, np.ndarray]]] = {}
     for seed in seeds:
         for name in dict.fromkeys((policy, *references)):
             runs.setdefault(name, []).append(_simulated(t, name, trace, starts, engine, mu,
                                                         seed))
-        runs.setdefault(RANDOM, []).append(_random_actions(t, trace, starts, mu, seed))
+        runs.setdefault(RANDOM, []).append(_random_actions(t, trace, starts, mu, seed,
+                                                           split))
     results = {k: tuple(np.concatenate(parts) for parts in zip(*v, strict=True))
                for k, v in runs.items()}
     return Evaluation(t, policy, starts, {k: v[0] for k, v in results.items()},
@@ -116,12 +145,12 @@ def _simulated(t: Task, policy: str, trace: object, starts: list[int], engine: o
     return np.array(good, float), np.array(att), np.array(p99)
 
 
-def _random_actions(t: Task, trace: object, starts: list[int], mu: float,
-                    seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _random_actions(t: Task, trace: object, starts: list[int], mu: float, seed: int,
+                    split: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     from cbgym.env.scheduling_env import SchedulingEnv
 
     n = len(trace)  # type: ignore[arg-type]
-    env = SchedulingEnv(**{**t.env_kwargs(n, "test"), "trace": trace, "capacity_rps": mu})
+    env = SchedulingEnv(**{**t.env_kwargs(n, split), "trace": trace, "capacity_rps": mu})
     good, att, p99 = [], [], []
     for k, start in enumerate(starts):
         env.reset(seed=seed + k, options={"start": start, "load": t.test_load})

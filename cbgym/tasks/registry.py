@@ -14,14 +14,15 @@ made (``CBGYM_TRACE_DIR`` or the user cache), not at import.
 |---|---|---|---|---|---|
 | conv-study-overload | azure-conv-2023 | cbsjf-paper | 1.3-1.9 | 1.6 | 2 s / 0.1 s |
 | code-vllm-overload | azure-code-2023 | llama-2-7b/a100-80gb | 1.1-1.5 | 1.3 | 5 s / 0.2 s |
+| code-vllm-bursty | azure-code-2023 | llama-2-7b/a100-80gb | 0.6-1.0 | 0.8 | 3 s / 0.1 s |
+| conv-study-interactive | azure-conv-2023 | cbsjf-paper | 1.0-1.6 | 1.3 | 0.5 s / 0.1 s |
+| conv-vllm-kv-pressure | azure-conv-2023 | llama-2-13b/a100-40gb | 1.6-2.8 | 2.5 | 1 s / 0.1 s |
 
-``conv-study-overload``: the CB-SJF-Work study's engine far past saturation; its test load was
-chosen on the validation windows (the smallest of 1.3, 1.6, 2.0 at which random actions reach
-at most 80% of the best reference's goodput). ``code-vllm-overload``: the same rule on the
-code trace and the realistic engine; at 2 s / 0.1 s (or 0.5 s / 0.05 s) under 2% of code
-requests meet their SLO whatever the policy, so its targets are 5 s / 0.2 s (of 5 / 0.2 and
-10 / 0.5 s, the tighter one at which random actions stay under 80% of the best; validation:
-0.82 at rho 1.0, 0.55 at 1.3). docs/benchmark.md has the measured baselines.
+``cbgym/Scheduling-v0`` and ``cbgym/SchedulingMasked-v0`` are :data:`DEFAULT_TASK`. Every
+task's env sheds on a shed score once a request can no longer meet its TTFT target
+(``shed_rule="unreachable"``) and carries a running-cap score (``admission_cap``). Loads, SLOs
+and caps were chosen on the validation windows only (docs/benchmark.md says how, with the
+measured baselines; ``tools/tune_caps.py`` tunes the capped reference).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ import numpy as np
 
 from cbgym.metrics import SLO
 
-__all__ = ["TASKS", "Task", "get"]
+__all__ = ["DEFAULT_TASK", "TASKS", "Task", "get"]
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,10 @@ class Task:
     Attributes:
         splits: (a, b): training windows lie in the first fraction a of the trace's requests,
             validation in [a, b), test in [b, 1).
+        engine_args: further :class:`cbgym.EngineConfig` arguments (e.g. a KV capacity).
+        references: task-specific reference policies, tuned on the validation windows
+            (``tools/tune_caps.py``: the capped ``cb-sjf-work-shed:CAP``), scored beside
+            ``cbgym.tasks.evaluate.REFERENCES``.
         env: further :class:`cbgym.env.SchedulingEnv` arguments (K, R, thresholds, ...).
     """
 
@@ -58,7 +63,9 @@ class Task:
     episode_requests: int = 512
     splits: tuple[float, float] = (0.6, 0.7)
     test_windows: int = 8
+    engine_args: Mapping[str, Any] = field(default_factory=dict)
     env: Mapping[str, Any] = field(default_factory=dict)
+    references: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         a, b = self.splits
@@ -89,29 +96,65 @@ class Task:
                              f"{self.episode_requests}-request window")
         return [int(x) for x in np.linspace(lo, last, self.test_windows).round()]
 
-    def env_kwargs(self, num_requests: int, split: str = "train") -> dict[str, Any]:
-        """``SchedulingEnv`` arguments for episodes drawn from ``split`` (the train load for
-        training, the test load otherwise)."""
+    def engine_config(self) -> Any:
+        """The task's :class:`cbgym.EngineConfig`."""
         from cbgym.engine.config import EngineConfig
 
-        return {"trace": self.trace, "engine": EngineConfig(preset=self.engine),
-                "load": self.train_load if split == "train" else self.test_load,
-                "slo": self.slo, "episode_requests": self.episode_requests,
-                "window_start_range": self.ranges(num_requests)[split], **self.env}
+        return EngineConfig(preset=self.engine, **self.engine_args)
 
+    def env_kwargs(self, num_requests: int | None, split: str = "train") -> dict[str, Any]:
+        """``SchedulingEnv`` arguments for episodes drawn from ``split`` (the train load for
+        training, the test load otherwise). ``num_requests=None``: no window range (the
+        caller brings another trace)."""
+        kwargs = {"trace": self.trace, "engine": self.engine_config(),
+                  "load": self.train_load if split == "train" else self.test_load,
+                  "slo": self.slo, "episode_requests": self.episode_requests, **self.env}
+        if num_requests is not None:
+            kwargs["window_start_range"] = self.ranges(num_requests)[split]
+        return kwargs
+
+
+# every task's env sheds a request (on a shed score) once it can no longer meet its TTFT
+# target, as the SLO-aware references shed (waited + its own prefill > target), and its action
+# carries a running-batch cap (admission control, as the capped reference's)
+TASK_ENV: Mapping[str, Any] = MappingProxyType({"shed_rule": "unreachable",
+                                                "admission_cap": True})
 
 TASKS: Mapping[str, Task] = MappingProxyType({task.name: task for task in (
     Task("conv-study-overload",
          "Conversation requests on the CB-SJF-Work study's engine past saturation: the "
          "admission order (and dropping requests already late) decides the goodput.",
          trace="azure-conv-2023", engine="cbsjf-paper", train_load=(1.3, 1.9),
-         test_load=1.6, slo=SLO(ttft_s=2.0, tpot_s=0.1)),
+         test_load=1.6, slo=SLO(ttft_s=2.0, tpot_s=0.1), env=TASK_ENV,
+         references=("cb-sjf-work-shed:28",)),
     Task("code-vllm-overload",
          "Code requests (long prompts) on a vLLM-style engine (chunked prefill, paged KV "
          "cache) past saturation, with targets long prompts can meet.",
          trace="azure-code-2023", engine="llama-2-7b/a100-80gb", train_load=(1.1, 1.5),
-         test_load=1.3, slo=SLO(ttft_s=5.0, tpot_s=0.2)),
+         test_load=1.3, slo=SLO(ttft_s=5.0, tpot_s=0.2), env=TASK_ENV,
+         references=("cb-sjf-work-shed:64",)),
+    Task("code-vllm-bursty",
+         "Code requests near saturation on the vLLM-style engine: the trace's own bursts "
+         "(inter-arrival CV 13) overload the engine for seconds at a time.",
+         trace="azure-code-2023", engine="llama-2-7b/a100-80gb", train_load=(0.6, 1.0),
+         test_load=0.8, slo=SLO(ttft_s=3.0, tpot_s=0.1), env=TASK_ENV,
+         references=("cb-sjf-work-shed:10",)),
+    Task("conv-study-interactive",
+         "Interactive targets (500 ms to the first token) on the study's engine past "
+         "saturation: only prompts short enough, and admitted early enough, can meet them.",
+         trace="azure-conv-2023", engine="cbsjf-paper", train_load=(1.0, 1.6),
+         test_load=1.3, slo=SLO(ttft_s=0.5, tpot_s=0.1), env=TASK_ENV),
+    Task("conv-vllm-kv-pressure",
+         "Conversation requests on a 13B model with a 40 GB GPU's KV cache (860 blocks of "
+         "16 tokens): about a hundred preemptions a window, so victims matter too.",
+         trace="azure-conv-2023", engine="llama-2-13b/a100-40gb", train_load=(1.6, 2.8),
+         test_load=2.5, slo=SLO(ttft_s=1.0, tpot_s=0.1), env=TASK_ENV),
 )})
+
+
+# what cbgym/Scheduling-v0 and cbgym/SchedulingMasked-v0 build: a hard task (the realistic
+# engine, KV pressure with preemption, every action matters: order, shedding, victims)
+DEFAULT_TASK = "conv-vllm-kv-pressure"
 
 
 def get(name: str) -> Task:
@@ -128,22 +171,33 @@ def _num_requests(task: Task) -> int:
     return len(load_trace(task.trace))
 
 
-def make_env(task: str, masked: bool = False, **overrides: Any) -> Any:
-    """The task's training env (the entry point of its env ids); ``overrides`` replace any
-    argument (e.g. ``render_mode``)."""
+def _kwargs(task: str, masked: bool, overrides: dict[str, Any]) -> dict[str, Any]:
+    """The task's training-env arguments under ``overrides``. Given another ``trace``, the
+    task's window range (which indexes its own trace) is dropped and its trace never loaded.
+    The masked variant caps its admissions by STOP, so it has no running-cap score."""
+    t = get(task)
+    n = None if "trace" in overrides else _num_requests(t)
+    kwargs = t.env_kwargs(n)
+    if masked:
+        kwargs.pop("admission_cap", None)
+    return {**kwargs, **overrides}
+
+
+def make_env(task: str = DEFAULT_TASK, masked: bool = False, **overrides: Any) -> Any:
+    """The task's training env (the entry point of its env ids, and of
+    ``cbgym/Scheduling-v0``); ``overrides`` replace any argument (e.g. ``render_mode``, or
+    ``trace``: the task's settings on another trace)."""
     from cbgym.env.scheduling_env import SchedulingEnv, SchedulingMaskedEnv
 
-    t = get(task)
-    kwargs = {**t.env_kwargs(_num_requests(t)), **overrides}
+    kwargs = _kwargs(task, masked, overrides)
     return SchedulingMaskedEnv(**kwargs) if masked else SchedulingEnv(**kwargs)
 
 
-def make_vector_env(num_envs: int = 1, task: str = "", masked: bool = False,
+def make_vector_env(num_envs: int = 1, task: str = DEFAULT_TASK, masked: bool = False,
                     **overrides: Any) -> Any:
     """The task's native vector env (the vector entry point of its env ids)."""
     from cbgym.env.vector import SchedulingMaskedVectorEnv, SchedulingVectorEnv
 
-    t = get(task)
-    kwargs = {**t.env_kwargs(_num_requests(t)), **overrides}
+    kwargs = _kwargs(task, masked, overrides)
     cls = SchedulingMaskedVectorEnv if masked else SchedulingVectorEnv
     return cls(num_envs=num_envs, **kwargs)

@@ -1,0 +1,63 @@
+"""The benchmark tasks' baseline tables, as docs/benchmark.md shows them (test windows).
+
+    python benchmarks/bench_tasks.py                        # every task, seeds 0 1
+    python benchmarks/bench_tasks.py --tasks conv-study-overload --seeds 0
+    python benchmarks/bench_tasks.py --split validation     # what task design looked at
+
+For each task: goodput per window with its 95% interval, SLO attainment, p99 TTFT and the
+normalized score of every reference, random actions and the task's shipped learned policy
+(``learned:<task>``, where one is shipped), then whether decisions matter (random actions at
+most 80% of the best reference, FCFS at most 0.8 normalized) and the learned policy minus the
+best content-blind heuristic with its paired 95% interval.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from cbgym.agents.learned import shipped_names
+from cbgym.tasks import TASKS
+from cbgym.tasks.evaluate import RANDOM, evaluate
+
+
+def table(task: str, seeds: tuple[int, ...], split: str) -> str:
+    learned = f"learned:{task}" if task in shipped_names() else None
+    ev = evaluate(task, learned or "fcfs", seeds=seeds, split=split)
+    rows = ["| policy | goodput [95% CI] | SLO attainment | p99 TTFT (s) | score [95% CI] |",
+            "|---|---|---|---|---|"]
+    t = ev.table
+    for name, r in t.iterrows():
+        rows.append(f"| {name} | {r.goodput:.1f} [{r.goodput_low:.1f}, {r.goodput_high:.1f}] "
+                    f"| {r.slo_attainment:.3f} | {r.ttft_p99_s:.1f} | {r.score:.2f} "
+                    f"[{r.score_low:.2f}, {r.score_high:.2f}] |")
+    best = ev.best_reference
+    g = {k: v.mean() for k, v in ev.goodput.items()}
+    lines = [f"### {task} ({split}: {len(ev.starts)} windows x {len(seeds)} seeds)", "",
+             *rows, "",
+             f"random actions / best reference ({best}): {g[RANDOM] / g[best]:.2f}; "
+             f"FCFS normalized: {ev.score('fcfs').mean:.2f}"]
+    if learned:
+        for label, other in (("the best content-blind heuristic", ev.best_heuristic),
+                             ("random actions", RANDOM)):
+            d = ev.versus(other)
+            lines.append(f"{learned} minus {label} ({other}): {d.difference.mean:+.1f} "
+                         f"[{d.difference.low:+.1f}, {d.difference.high:+.1f}] (wins {d.wins}, "
+                         f"ties {d.ties}, losses {d.losses})")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--tasks", nargs="+", default=list(TASKS), choices=list(TASKS))
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1])
+    parser.add_argument("--split", default="test", choices=["test", "validation"])
+    args = parser.parse_args()
+    for task in args.tasks:
+        t0 = time.perf_counter()
+        print(table(task, tuple(args.seeds), args.split))
+        print(f"({time.perf_counter() - t0:.0f} s)\n", flush=True)
+
+
+if __name__ == "__main__":
+    main()
