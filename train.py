@@ -63,10 +63,11 @@ class Args:
     # --- environment
     task: str = ""
     """a benchmark task (cbgym.tasks, e.g. conv-study-overload): it fixes the trace, engine,
-    training loads, SLO, window size and the split (training on its train windows; the
-    periodic and final evaluations on its validation windows at its test load, never its test
-    windows), replacing --trace --engine --load --ttft-slo --tpot-slo --episode-requests
-    --train-fraction --eval-loads; score the result with `cbgym evaluate`"""
+    training loads, SLO, window size, split, shed rule and cap score (training on its
+    train windows; the periodic and final evaluations on its validation windows at its test
+    load, never its test windows): --trace --engine --load --ttft-slo --tpot-slo
+    --episode-requests --train-fraction --eval-loads --eval-windows --shed-rule
+    --admission-cap are then refused; score the result with `cbgym evaluate`"""
     env_id: str = "cbgym/Scheduling-v0"
     """cbgym/Scheduling-v0 (PPO, slot scores) or cbgym/SchedulingMasked-v0 (MaskablePPO)"""
     trace: str = "azure-conv-2023"
@@ -229,8 +230,20 @@ def parse_args(argv: list[str] | None = None) -> Args:
 
         if args.task not in TASKS:
             parser.error(f"--task {args.task!r}: expected one of {', '.join(TASKS)}")
+        defaults = Args()
+        for name in TASK_FIXED:  # a flag the task would silently replace is an error
+            if getattr(args, name) != getattr(defaults, name):
+                parser.error(f"--{name.replace('_', '-')} is fixed by --task {args.task}; "
+                             "leave it out (or train without --task)")
         args = with_task(args)
     return args
+
+
+# what --task fixes; the shed and hold thresholds stay the policy's own (recorded in its
+# checkpoint: -0.51 by default, as the default run found PPO needs, where the task env's
+# random actions use the env's -0.99)
+TASK_FIXED = ("trace", "engine", "load", "ttft_slo", "tpot_slo", "episode_requests",
+              "train_fraction", "eval_loads", "eval_windows", "shed_rule", "admission_cap")
 
 
 def with_task(args: Args) -> Args:
@@ -240,6 +253,7 @@ def with_task(args: Args) -> Args:
     t = get(args.task)
     load = t.train_load if isinstance(t.train_load, tuple) else (t.train_load,)
     return dataclasses.replace(args, trace=t.trace, engine=t.engine, load=tuple(load),
+                               eval_windows=t.test_windows,
                                ttft_slo=t.slo.ttft_s, tpot_slo=t.slo.tpot_s,
                                episode_requests=t.episode_requests, train_fraction=t.splits[0],
                                eval_loads=(t.test_load,),

@@ -232,10 +232,15 @@ def test_a_task_fixes_the_run_and_evaluates_on_its_validation_windows() -> None:
     from cbgym.tasks import get
 
     t = get("code-vllm-bursty")
-    args = train.parse_args(["--task", t.name, "--load", "3.0"])
+    args = train.parse_args(["--task", t.name])
     assert (args.trace, args.engine, args.load, args.ttft_slo, args.tpot_slo) == (
         t.trace, t.engine, t.train_load, t.slo.ttft_s, t.slo.tpot_s)
     assert args.eval_loads == (t.test_load,) and args.shed_rule == "unreachable"
+    # the thresholds stay the policy's own (recorded in its checkpoint)
+    assert train.parse_args(["--task", t.name, "--shed-threshold", "-0.7"]).shed_threshold == -0.7
+    for fixed in (["--load", "3.0"], ["--admission-cap"], ["--shed-rule", "unreachable"]):
+        with pytest.raises(SystemExit):
+            train.parse_args(["--task", t.name, *fixed])
     assert args.admission_cap and t.references[0] in args.eval_baselines
     masked = train.parse_args(["--task", t.name, "--env-id", "cbgym/SchedulingMasked-v0"])
     assert not masked.admission_cap  # the masked variant caps by STOP
@@ -247,13 +252,26 @@ def test_a_task_fixes_the_run_and_evaluates_on_its_validation_windows() -> None:
 
 def test_imitation_warm_start(tmp_path: Path) -> None:
     final = train.main([*SMOKE, "--admission-cap", "--shed-rule", "unreachable",
-                        "--imitate", "cb-sjf-work-shed:8", "--imitate-steps", "300",
-                        "--imitate-epochs", "3", "--total-timesteps", "0", "--eval-freq", "0",
+                        "--imitate", "cb-sjf-work-shed:8", "--imitate-steps", "3000",
+                        "--imitate-epochs", "5", "--ttft-slo", "0.5",
+                        "--total-timesteps", "0", "--eval-freq", "0",
                         "--checkpoint-freq", "0", "--output-dir", str(tmp_path)])
     warm = json.loads((tmp_path / "config.json").read_text())["imitation"]
-    assert warm["policy"] == "cb-sjf-work-shed:8" and warm["steps"] >= 300
+    assert warm["policy"] == "cb-sjf-work-shed:8" and warm["steps"] >= 3000
     assert warm["final_actor_mse"] < 0.5 and "learned" in final["summary"]["0.9"]
-    assert load_model(tmp_path / "policy.zip").action_space.shape == (16 + 32 + 1,)
+    model = load_model(tmp_path / "policy.zip")
+    assert model.action_space.shape == (16 + 32 + 1,)
+    # the cloned policy (it sheds and caps) replays the env exactly through the fast path
+    env = gym.make("cbgym/Scheduling-v0", trace=load_trace("synthetic-conv"), engine=PAPER,
+                   load=1.4, episode_requests=96, slo=cbgym.SLO(0.5, 0.1),
+                   shed_threshold=-0.51, shed_rule="unreachable", admission_cap=True)
+    _play_env(model, env, start=300)
+    got = env.unwrapped.episode_result().requests
+    policy = LearnedPolicy(model)
+    fast = cbgym.simulate(env.unwrapped.episode_trace, policy, engine=PAPER).requests
+    assert (got["status"] == "shed").sum() > 0 and policy.idle_overrides == 0
+    for col in COLUMNS:
+        np.testing.assert_array_equal(got[col].to_numpy(), fast[col].to_numpy(), err_msg=col)
     for bad in (["--imitate", "nope"],
                 ["--imitate", "fcfs", "--env-id", "cbgym/SchedulingMasked-v0"]):
         with pytest.raises(SystemExit):

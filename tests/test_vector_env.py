@@ -54,8 +54,8 @@ def same(obs_a: dict, obs_b: dict, i: int) -> bool:
     return all(np.array_equal(obs_a[k], obs_b[k][i]) for k in obs_a)
 
 
-def random_actions(steps: int, n: int, seed: int = 0) -> np.ndarray:
-    return np.random.default_rng(seed).uniform(-1, 1, (steps, n, 48))
+def random_actions(steps: int, n: int, seed: int = 0, size: int = 48) -> np.ndarray:
+    return np.random.default_rng(seed).uniform(-1, 1, (steps, n, size))
 
 
 def test_make_vec_builds_the_native_vector_env() -> None:
@@ -85,6 +85,26 @@ def test_env_i_is_a_single_env_seeded_s_plus_i(n: int, threads: int) -> None:
             assert (e_r, e_te, e_tr) == (r[i], te[i], tr[i]), (t, i)
         episodes += int((te | tr).sum())
     assert episodes >= n  # the run crossed episode boundaries
+
+
+def test_the_task_env_settings_batch_as_single_envs() -> None:
+    """The cap score and the unreachable shed rule (the tasks' env) decode alike in both."""
+    kw = {**FAST, "admission_cap": True, "shed_rule": "unreachable", "load": 1.6,
+          "slo": cbgym.SLO(0.3, 0.1)}
+    actions = random_actions(200, 2, seed=3, size=49)
+    actions[..., :16] = np.where(actions[..., :16] < -0.9, -1.0, actions[..., :16])  # sheds
+    expected = single_runs(2, 5, actions, **kw)
+    venv = gym.make_vec(ID, num_envs=2, **kw)
+    obs, _ = venv.reset(seed=5)
+    shed = 0
+    for t, a in enumerate(actions, start=1):
+        obs, r, te, tr, info = venv.step(a)
+        shed += int(info["num_shed"].sum())
+        for i in range(2):
+            e_obs, e_r, e_te, e_tr = expected[i][t]
+            assert same(e_obs, obs, i), (t, i)
+            assert (e_r, e_te, e_tr) == (r[i], te[i], tr[i]), (t, i)
+    assert shed > 0
 
 
 def test_same_step_autoreset_reports_the_final_observation() -> None:

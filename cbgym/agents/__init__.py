@@ -14,6 +14,8 @@ oracle-srpt            least remaining work, evicting longer running requests   
 noisy-oracle:ACC       oracle-sjf on lengths shuffled among 1-ACC of requests      yes
 noisy-oracle-work:ACC  oracle-work on the same believed lengths                    yes
 <key policy>-aging:W   the key in seconds of work minus W x seconds waited         as base
+slo-edf                earliest TTFT deadline; sheds requests that cannot meet it  no
+cb-sjf-work-shed[:CAP] cb-sjf-work; sheds as slo-edf; at most CAP running          no
 learned[:NAME|PATH]    a trained SB3 model (default: the shipped checkpoint)       no
 =====================  ==========================================================  ==========
 """

@@ -10,10 +10,11 @@ The translation of a :class:`~cbgym.engine.Decision` into ``Scheduling-v0`` scor
 
 | slot / score     | value                                                                 |
 |------------------|-----------------------------------------------------------------------|
-| admitted         | a key policy's key k (seconds of work): ``1 - 1.45 (1 - exp(-k / 1 s))``, |
-|                  | above the hold threshold and falling with k (the env admits in order); |
+| admitted         | a key policy's key k (seconds of work): ``1 - (1 - lo) (1 - exp(-k / 1 s))`` |
+|                  | with ``lo`` just above the hold threshold: falling with k, never held  |
 |                  | other policies: ``1 - r * step`` by rank r                            |
-| shed             | -1 (the env sheds it: at or below the shed threshold, and sheddable)   |
+| shed             | -1.5: past the range on purpose, so that the fitted mean, clipped to  |
+|                  | [-1, 1] as SB3 clips its actions, stays at or below a -0.99 threshold  |
 | held back        | midway between the shed and the hold threshold                        |
 | running slot j   | vLLM's victim order: the most recently admitted scores lowest         |
 | running cap      | the score whose ``running_cap`` is the policy's ``cap`` (1 without)    |
@@ -62,13 +63,15 @@ def _order(dp: DecisionPoint, d: Decision) -> np.ndarray:
     return dp.waiting.copy()
 
 
-_KEY_SCALE_S = 1.0  # seconds of work over which key scores fall from 1 towards -0.45
+SHED_TARGET = -1.5  # see the module docstring: a regression error must not undo a shed
+_KEY_SCALE_S = 1.0  # seconds of work over which key scores fall from 1 towards the floor
 
 
 def scores_of(env: object, dp: DecisionPoint, d: Decision, cap: int,
               keys: np.ndarray | None = None) -> np.ndarray:
-    """``d`` as the env's score vector over its visible slots (module docstring); ``keys``:
-    the policy's key per ``dp.waiting`` entry, when it has them."""
+    """``d`` as the env's score vector over its visible slots (module docstring), a target
+    for the network (clip it to [-1, 1] to step the env); ``keys``: the policy's key per
+    ``dp.waiting`` entry, when it has them."""
     u = env
     K, R = u.K, u.R  # type: ignore[attr-defined]
     a = np.zeros(u.layout.size, np.float32)  # type: ignore[attr-defined]
@@ -78,19 +81,20 @@ def scores_of(env: object, dp: DecisionPoint, d: Decision, cap: int,
     shed_ids = {int(r) for r in (d.shed or ())}
     w_ids = u.visible_waiting_ids  # type: ignore[attr-defined]
     admitted = sorted((rank[int(r)], i) for i, r in enumerate(w_ids) if int(r) in rank)
+    lo = hold + 0.05 * (1.0 - hold)  # the lowest admitted score
     if keys is not None:
         key_of = dict(zip(dp.waiting.tolist(), np.asarray(keys, np.float64).tolist(),
                           strict=True))
         for _, i in admitted:
             k = max(key_of[int(w_ids[i])], 0.0)
-            a[i] = 1.0 - 1.45 * (1.0 - math.exp(-k / _KEY_SCALE_S))
+            a[i] = 1.0 - (1.0 - lo) * (1.0 - math.exp(-k / _KEY_SCALE_S))
     else:
-        step = (1.0 - (hold + 0.05 * (1.0 - hold))) / max(K - 1, 1)
+        step = (1.0 - lo) / max(K - 1, 1)
         for k, (_, i) in enumerate(admitted):
             a[i] = 1.0 - k * step
     for i, r in enumerate(w_ids):
         if int(r) not in rank:
-            a[i] = -1.0 if int(r) in shed_ids else held
+            a[i] = SHED_TARGET if int(r) in shed_ids else held
     nr = len(u.visible_running_ids)  # type: ignore[attr-defined]
     a[K:K + nr] = 1.0 - np.arange(nr) * (2.0 / max(R, 1))
     if u.admission_cap:  # type: ignore[attr-defined]
@@ -135,7 +139,7 @@ def demonstrate(env: object, policy: Policy, steps: int, gamma: float,
             for k, v in obs.items():
                 obs_rows.setdefault(k, []).append(v)
             acts.append(a)
-            obs, r, te, tr, info = u.step(a)  # type: ignore[attr-defined]
+            obs, r, te, tr, info = u.step(np.clip(a, -1.0, 1.0))  # type: ignore[attr-defined]
             rewards.append(float(r))
             good += info["num_good"]
             done = te or tr

@@ -43,6 +43,23 @@ DEFAULT_META: dict[str, Any] = {
 }
 
 
+def _default_task_meta() -> dict[str, Any]:
+    """The decoding settings of ``cbgym/Scheduling-v0`` (the default benchmark task)."""
+    import inspect
+
+    from cbgym.env.scheduling_env import SchedulingEnv
+    from cbgym.tasks import DEFAULT_TASK, get
+
+    t = get(DEFAULT_TASK)
+    env = {k: p.default for k, p in inspect.signature(SchedulingEnv).parameters.items()}
+    env.update(t.env)
+    if not isinstance(t.slo, SLO):
+        raise TypeError("the default task's SLO must be one SLO")
+    return {"window_rule": env["window_rule"], "hold_threshold": env["hold_threshold"],
+            "shed_threshold": env["shed_threshold"], "shed_rule": env["shed_rule"],
+            "slo": {"ttft_s": t.slo.ttft_s, "tpot_s": t.slo.tpot_s}}
+
+
 def shipped_names() -> list[str]:
     """Names of the checkpoints shipped with the package (``learned:NAME``)."""
     return sorted(p.stem for p in CHECKPOINT_DIR.glob("*.zip"))
@@ -125,7 +142,6 @@ class LearnedPolicy(Policy):
         _single_threaded_torch()
         self.model = model
         self.label = f"{self.name}:{source}"
-        self.meta = {**DEFAULT_META, **(getattr(model, META_KEY, None) or {})}
         space = model.observation_space
         self.K = int(space["waiting_mask"].shape[0])
         self.R = int(space["running_mask"].shape[0])
@@ -135,6 +151,11 @@ class LearnedPolicy(Policy):
         # a score vector one longer than the slots carries the running cap (admission_cap)
         cap = not self.masked and int(model.action_space.shape[0]) == self.K + self.R + 1
         self.layout = ScoreLayout(self.K, self.R, cap)
+        saved = getattr(model, META_KEY, None) or {}
+        # a zip without cbgym's settings (rl-zoo3, plain SB3) with the cap score was trained
+        # on cbgym/Scheduling-v0, the default task: decode with that task's env settings
+        self.meta = {**DEFAULT_META, **(_default_task_meta() if cap and not saved else {}),
+                     **saved}
         self.slo = SLO(**self.meta["slo"])
 
     def reset(self, ctx: PolicyContext) -> None:

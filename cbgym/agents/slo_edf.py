@@ -6,7 +6,8 @@
   ones).
 
 A waiting request is unreachable once it can no longer meet its TTFT target even if admitted
-at once: waited + its own prefill at the engine's linearised cost > target
+at once: it has no first token yet and waited + its own prefill at the engine's linearised
+cost > target
 (:func:`cbgym.agents.work.shed_lead`, the env's ``shed_rule="unreachable"``).
 """
 
@@ -37,11 +38,13 @@ def ttft_targets(ctx: PolicyContext, name: str) -> np.ndarray:
 
 def unreachable(dp: DecisionPoint, ttft: np.ndarray, lead: tuple[float, float]
                 ) -> np.ndarray:
-    """Which waiting requests can no longer meet their TTFT target: waited + their own
-    prefill at the engine's linearised cost exceeds it (the env's ``shed_rule="unreachable"``,
-    :func:`cbgym.agents.work.shed_lead`)."""
+    """Which waiting requests can no longer meet their TTFT target: no first token yet, and
+    waited + their own prefill at the engine's linearised cost exceeds it (the env's
+    ``shed_rule="unreachable"``, :func:`cbgym.agents.work.shed_lead`). A re-queued
+    (preempted) request that already has its first token is never among them."""
     w = dp.waiting
-    return dp.now - dp.arrival_s[w] + lead[0] + lead[1] * dp.prompt_tokens[w] > ttft[w]
+    fresh = dp.num_generated[w] == 0
+    return fresh & (dp.now - dp.arrival_s[w] + lead[0] + lead[1] * dp.prompt_tokens[w] > ttft[w])
 
 
 class SLOEarliestDeadline(Policy):

@@ -1,6 +1,7 @@
 """Action decoding: agent actions become engine :class:`~cbgym.engine.Decision` objects.
 
-``cbgym/Scheduling-v0`` takes a ``Box(-1, 1, (K + R,), float32)`` of scores, laid out as
+``cbgym/Scheduling-v0`` takes a ``Box(-1, 1, (K + R,), float32)`` of scores (``K + R + 1`` with
+``admission_cap``: the running cap last), laid out as
 :class:`ScoreLayout` says (waiting slots, then running slots; deflection dimensions for the
 disaggregated variant will be appended after them, never inserted). ``cbgym/SchedulingMasked-v0``
 takes one ``Discrete(K + R + 1)`` index per micro-step (see :class:`MicroSteps`). Score

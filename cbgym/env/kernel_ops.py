@@ -183,8 +183,8 @@ def decode_scores(s: State, e: EnvState, a: np.ndarray
     """(order, shed, victims) ids from a validated score vector (see the env's docstring):
     waiting slots at or above the hold threshold by descending score (ties in slot order), at
     most as many as the running cap leaves room for (with ``admission_cap``);
-    sheddable waiting requests (waited + the shed lead > TTFT target) scoring at or below the
-    shed threshold; on a shortfall, running
+    sheddable waiting requests (no first token yet, and waited + the shed lead > TTFT target)
+    scoring at or below the shed threshold; on a shortfall, running
     slots by ascending score (ties: the most recently admitted first)."""
     K, win = e.cfg_i[K_SLOTS], e.win
     nw, nr, shortfall = win[NW], win[NR], win[SHORT] > 0
@@ -206,11 +206,15 @@ def decode_scores(s: State, e: EnvState, a: np.ndarray
     threshold = e.cfg_f[SHED_THRESHOLD]
     if e.cfg_i[SHED_ON] and nw and a[:nw].min() <= threshold:
         now, arrival, prompt = s.sf[L.NOW], s.times[L.ARRIVAL], s.req[L.PROMPT]
+        generated = s.req[L.GENERATED]
         fixed, per_token = e.cfg_f[SHED_FIXED_S], e.cfg_f[SHED_TOKEN_S]
         for i in range(nw):
             rid = w_ids[i]
             lead = fixed + per_token * prompt[rid]
-            if now - arrival[rid] + lead > e.targets[TTFT, rid] and a[i] <= threshold:
+            # a re-queued (preempted) request with a first token already met or missed its
+            # TTFT: it is never shed for it
+            if (generated[rid] == 0 and now - arrival[rid] + lead > e.targets[TTFT, rid]
+                    and a[i] <= threshold):
                 shed[n_shed] = rid
                 n_shed += 1
     victims = np.empty(nr if shortfall else 0, np.int64)

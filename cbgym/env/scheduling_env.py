@@ -87,16 +87,17 @@ class SchedulingEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
     |--------------|----------------------------------------------------------------------|
     | 0 .. K-1     | score of waiting slot i: admitted in descending score order (ties in |
     |              | slot order) if score >= ``hold_threshold`` (-0.5), else held back;    |
-    |              | score <= ``shed_threshold`` (-0.99) sheds the request if it can no   |
-    |              | longer meet its TTFT target: ``shed_rule="late"``, it has waited     |
-    |              | longer than the target; ``"unreachable"``, waited + its own prefill  |
-    |              | at the engine's linearised cost exceeds it (the benchmark tasks')     |
+    |              | score <= ``shed_threshold`` (-0.99) sheds the request if it has no   |
+    |              | first token and can no longer meet its TTFT target:                  |
+    |              | ``shed_rule="late"``, it has waited longer than the target;          |
+    |              | ``"unreachable"``, waited + its own prefill at the engine's          |
+    |              | linearised cost exceeds it (the benchmark tasks')                    |
     | K .. K+R-1   | score of running slot j: when memory runs short the lowest-scored    |
     |              | request is preempted first (ties: most recently admitted first)      |
     | K+R          | with ``admission_cap=True`` only: caps the running batch at          |
     |              | ``round(max_num_seqs ** ((score + 1) / 2))`` (1 .. max_num_seqs,     |
     |              | log-scaled): admissions stop once it is reached                      |
-    | K+R ..       | reserved: deflection scores of the disaggregated variant (appended)  |
+    | after these  | reserved: deflection scores of the disaggregated variant (appended)  |
 
     Scores of empty slots are ignored. Requests outside the visible window are held back.
     Actions outside [-1, 1], NaN or of the wrong shape raise :class:`InvalidActionError`
@@ -248,7 +249,10 @@ class SchedulingEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
 
     ## Version History
 
-    * v0: initial version.
+    * v0: initial version. Since the benchmark tasks, the registered ids
+      ``cbgym/Scheduling-v0`` / ``SchedulingMasked-v0`` build the default task
+      (``cbgym.tasks.DEFAULT_TASK``; ``gym.make`` arguments replace its settings); this class's
+      defaults (the table above) are unchanged.
 
     Example:
         >>> import gymnasium as gym, numpy as np

@@ -26,7 +26,8 @@ def add_parser(sub: argparse._SubParsersAction, formatter: type) -> argparse.Arg
     p.add_argument("--policy", required=True, metavar="P",
                    help="policy spec (cbgym.agents.POLICIES, learned:PATH)")
     p.add_argument("--seeds", type=int, nargs="+", default=[0], metavar="S",
-                   help="seeds (randomised policies and random actions); windows x seeds")
+                   help="seeds (randomised policies and random actions); a window's result is "
+                        "its mean over them")
     p.add_argument("--json", action="store_true", help="print the table as JSON")
     p.set_defaults(handler=run, subparser=p)
     return p

@@ -18,7 +18,9 @@ made (``CBGYM_TRACE_DIR`` or the user cache), not at import.
 | conv-study-interactive | azure-conv-2023 | cbsjf-paper | 1.0-1.6 | 1.3 | 0.5 s / 0.1 s |
 | conv-vllm-kv-pressure | azure-conv-2023 | llama-2-13b/a100-40gb | 1.6-2.8 | 2.5 | 1 s / 0.1 s |
 
-``cbgym/Scheduling-v0`` and ``cbgym/SchedulingMasked-v0`` are :data:`DEFAULT_TASK`. Every
+The code trace's test range (2,646 requests) holds 5 non-overlapping 512-request windows, so
+its tasks have 5 test windows (the conv tasks 8). ``cbgym/Scheduling-v0`` and
+``cbgym/SchedulingMasked-v0`` are :data:`DEFAULT_TASK`. Every
 task's env sheds on a shed score once a request can no longer meet its TTFT target
 (``shed_rule="unreachable"``) and carries a running-cap score (``admission_cap``). Loads, SLOs
 and caps were chosen on the validation windows only (docs/benchmark.md says how, with the
@@ -132,13 +134,13 @@ TASKS: Mapping[str, Task] = MappingProxyType({task.name: task for task in (
          "cache) past saturation, with targets long prompts can meet.",
          trace="azure-code-2023", engine="llama-2-7b/a100-80gb", train_load=(1.1, 1.5),
          test_load=1.3, slo=SLO(ttft_s=5.0, tpot_s=0.2), env=TASK_ENV,
-         references=("cb-sjf-work-shed:64",)),
+         references=("cb-sjf-work-shed:48",), test_windows=5),
     Task("code-vllm-bursty",
          "Code requests near saturation on the vLLM-style engine: the trace's own bursts "
          "(inter-arrival CV 13) overload the engine for seconds at a time.",
          trace="azure-code-2023", engine="llama-2-7b/a100-80gb", train_load=(0.6, 1.0),
          test_load=0.8, slo=SLO(ttft_s=3.0, tpot_s=0.1), env=TASK_ENV,
-         references=("cb-sjf-work-shed:10",)),
+         references=("cb-sjf-work-shed:10",), test_windows=5),
     Task("conv-study-interactive",
          "Interactive targets (500 ms to the first token) on the study's engine past "
          "saturation: only prompts short enough, and admitted early enough, can meet them.",
@@ -146,7 +148,7 @@ TASKS: Mapping[str, Task] = MappingProxyType({task.name: task for task in (
          test_load=1.3, slo=SLO(ttft_s=0.5, tpot_s=0.1), env=TASK_ENV),
     Task("conv-vllm-kv-pressure",
          "Conversation requests on a 13B model with a 40 GB GPU's KV cache (860 blocks of "
-         "16 tokens): about a hundred preemptions a window, so victims matter too.",
+         "16 tokens): tens to over a hundred preemptions a window, so victims matter too.",
          trace="azure-conv-2023", engine="llama-2-13b/a100-40gb", train_load=(1.6, 2.8),
          test_load=2.5, slo=SLO(ttft_s=1.0, tpot_s=0.1), env=TASK_ENV),
 )})
@@ -172,11 +174,13 @@ def _num_requests(task: Task) -> int:
 
 
 def _kwargs(task: str, masked: bool, overrides: dict[str, Any]) -> dict[str, Any]:
-    """The task's training-env arguments under ``overrides``. Given another ``trace``, the
-    task's window range (which indexes its own trace) is dropped and its trace never loaded.
+    """The task's training-env arguments under ``overrides``. Given another ``trace`` (not the
+    task's own name), the task's window range (which indexes its own trace) is dropped and its
+    trace never loaded.
     The masked variant caps its admissions by STOP, so it has no running-cap score."""
     t = get(task)
-    n = None if "trace" in overrides else _num_requests(t)
+    other = "trace" in overrides and overrides["trace"] != t.trace  # its own name keeps it
+    n = None if other else _num_requests(t)
     kwargs = t.env_kwargs(n)
     if masked:
         kwargs.pop("admission_cap", None)
