@@ -47,7 +47,33 @@ def unreachable(dp: DecisionPoint, ttft: np.ndarray, lead: tuple[float, float]
     return fresh & (dp.now - dp.arrival_s[w] + lead[0] + lead[1] * dp.prompt_tokens[w] > ttft[w])
 
 
-class SLOEarliestDeadline(Policy):
+class ShedUnreachable:
+    """Mixin of the SLO-aware policies: the run's TTFT targets and the shed lead, read at
+    ``reset``; :meth:`ordered` turns keys into an order that sheds the unreachable."""
+
+    name: str
+    ttft: np.ndarray
+    lead: tuple[float, float]
+
+    def reset(self, ctx: PolicyContext) -> None:
+        super().reset(ctx)  # type: ignore[misc]
+        self.ttft = ttft_targets(ctx, self.name)
+        self.lead = shed_lead("unreachable", ctx.config)
+
+    def ordered(self, dp: DecisionPoint, keys: np.ndarray, room: int | None = None) -> Decision:
+        """Reachable waiting requests by ascending key (ties in queue order, as the engine
+        breaks equal priorities), at most ``room`` of them; the unreachable shed."""
+        waiting = dp.waiting
+        lost = unreachable(dp, self.ttft, self.lead)
+        keep = ~lost
+        order = waiting[keep][np.argsort(keys[keep], kind="stable")]
+        if room is not None:
+            order = order[:max(room, 0)]
+        return Decision(order=order, shed=waiting[lost].tolist(),
+                        shed_reason="slo_unreachable")
+
+
+class SLOEarliestDeadline(ShedUnreachable, Policy):
     """Admit waiting requests by TTFT deadline (arrival + the request's TTFT target), earliest
     first, ties in queue order; shed a waiting request once it can no longer meet its TTFT
     target (see the module docstring): it cannot count toward goodput but would still take
@@ -64,22 +90,12 @@ class SLOEarliestDeadline(Policy):
     name = "slo-edf"
     consult = "every_iteration"
 
-    def reset(self, ctx: PolicyContext) -> None:
-        super().reset(ctx)
-        self.ttft = ttft_targets(ctx, self.name)
-        self.lead = shed_lead("unreachable", ctx.config)
-
     def decide(self, dp: DecisionPoint) -> Decision:
         waiting = dp.waiting
-        deadline = dp.arrival_s[waiting] + self.ttft[waiting]
-        lost = unreachable(dp, self.ttft, self.lead)
-        keep = ~lost
-        order = waiting[keep][np.argsort(deadline[keep], kind="stable")]
-        return Decision(order=order, shed=waiting[lost].tolist(),
-                        shed_reason="slo_unreachable")
+        return self.ordered(dp, dp.arrival_s[waiting] + self.ttft[waiting])  # deadlines
 
 
-class CBSJFWorkShed(CBSJFWork):
+class CBSJFWorkShed(ShedUnreachable, CBSJFWork):
     """CB-SJF-Work's order (least estimated work first, its content-blind estimate), and a
     waiting request is shed once it can no longer meet its TTFT target, as ``slo-edf`` sheds.
 
@@ -108,21 +124,8 @@ class CBSJFWorkShed(CBSJFWork):
         self.cap = int(c)
         self.label = f"{self.name}:{self.cap}" if self.cap else self.name
 
-    def reset(self, ctx: PolicyContext) -> None:
-        super().reset(ctx)
-        self.ttft = ttft_targets(ctx, self.name)
-        self.lead = shed_lead("unreachable", ctx.config)
-
     def decide(self, dp: DecisionPoint) -> Decision:
-        waiting = dp.waiting
-        if len(waiting) == 0:
+        if len(dp.waiting) == 0:
             return super().decide(dp)
-        lost = unreachable(dp, self.ttft, self.lead)
         keys = np.asarray(self.keys(self.view(dp)), dtype=np.float64)
-        keep = ~lost
-        # ties in queue order, as the engine breaks equal priorities
-        order = waiting[keep][np.argsort(keys[keep], kind="stable")]
-        if self.cap:
-            order = order[:max(self.cap - len(dp.running), 0)]
-        return Decision(order=order, shed=waiting[lost].tolist(),
-                        shed_reason="slo_unreachable")
+        return self.ordered(dp, keys, self.cap - len(dp.running) if self.cap else None)
