@@ -28,12 +28,17 @@ class SLO:
 
     ttft_s: float = 2.0
     tpot_s: float = 0.1
+    # longest gap between two tokens of a request (time between tokens, TBT: judged on its
+    # worst gap, ``itl_max_s``); None: not judged
+    tbt_s: float | None = None
 
     def __post_init__(self) -> None:
         if not (self.ttft_s > 0 and self.tpot_s > 0):
             raise ValueError(
                 f"SLO: ttft_s and tpot_s must be > 0, got {self.ttft_s}, {self.tpot_s}"
             )
+        if self.tbt_s is not None and not self.tbt_s > 0:
+            raise ValueError(f"SLO: tbt_s must be None or > 0, got {self.tbt_s}")
 
 
 SLOSpec = SLO | Mapping[int, SLO]
@@ -66,7 +71,24 @@ def meets_slo(requests: pd.DataFrame, slo: SLOSpec) -> np.ndarray:
     finished = (requests["status"] == "finished").to_numpy()
     with np.errstate(invalid="ignore"):
         ok = (requests["ttft_s"].to_numpy() <= ttft_t) & (requests["tpot_s"].to_numpy() <= tpot_t)
+        tbt = _tbt_targets(slo, requests["slo_class"].to_numpy())
+        if tbt is not None and "itl_max_s" in requests:
+            ok &= requests["itl_max_s"].to_numpy() <= tbt
     return finished & ok
+
+
+def _tbt_targets(slo: SLOSpec, slo_class: np.ndarray) -> np.ndarray | None:
+    """Per-request TBT targets (inf where a class has none); None if no class has one."""
+    slos = [slo] if isinstance(slo, SLO) else list(slo.values())
+    if all(s.tbt_s is None for s in slos):
+        return None
+    if isinstance(slo, SLO):
+        return np.full(len(slo_class), slo.tbt_s)
+    out = np.full(len(slo_class), np.inf)
+    for cls, s in slo.items():
+        if s.tbt_s is not None:
+            out[slo_class == cls] = s.tbt_s
+    return out
 
 
 def _quantiles(prefix: str, values: np.ndarray, out: dict[str, float]) -> None:
@@ -220,6 +242,7 @@ def requests_frame(table: Any, slo: SLOSpec) -> pd.DataFrame:
             "finish_s": table.finish_s,
             "ttft_s": ttft,
             "tpot_s": tpot(table.first_token_s, table.finish_s, table.generated),
+            "itl_max_s": table.itl_max_s,
             "e2e_s": table.finish_s - table.arrival_s,
             "queue_s": table.first_scheduled_s - table.arrival_s,
             "preemptions": table.preemptions,
@@ -229,7 +252,7 @@ def requests_frame(table: Any, slo: SLOSpec) -> pd.DataFrame:
     )
     frame.index.name = "request_id"
     shed = status == "shed"
-    frame.loc[shed, ["ttft_s", "tpot_s", "e2e_s"]] = np.nan
+    frame.loc[shed, ["ttft_s", "tpot_s", "itl_max_s", "e2e_s"]] = np.nan
     return frame
 
 

@@ -7,6 +7,7 @@ import math
 import os
 import time
 from numbers import Integral, Real
+from typing import TYPE_CHECKING
 
 import pandas as pd
 
@@ -24,6 +25,10 @@ from cbgym.metrics import (
 )
 from cbgym.workload import load_trace
 from cbgym.workload.trace import Trace
+
+if TYPE_CHECKING:
+    from cbgym.cluster.config import ClusterConfig
+    from cbgym.cluster.routing import Router
 
 
 def _given(value: object) -> str:
@@ -121,8 +126,10 @@ def simulate(
     slo: SLOSpec | None = None,
     record_iterations: bool = False,
     capacity_rps: float | None = None,
+    cluster: ClusterConfig | str | None = None,
+    router: str | Router = "round-robin",
 ) -> SimulationResult:
-    """Simulate ``trace`` on one serving instance under ``policy``.
+    """Simulate ``trace`` on one serving instance under ``policy``, or on a ``cluster``.
 
     Args:
         trace: the requests: a :class:`cbgym.Trace`, or a trace name or path (str or
@@ -140,9 +147,18 @@ def simulate(
             from SLO class to SLO.
         record_iterations: keep the per-iteration batch log (``.iterations``).
         capacity_rps: mu to use with ``load`` instead of measuring it (finite, > 0).
+        cluster: serve on a cluster instead (a :class:`cbgym.cluster.ClusterConfig` or a
+            preset such as ``"4x:llama-3-8b/h100-80gb"``, ``"2p2d:deepseek-v2-lite/a100-80gb"``);
+            ``policy`` is then every instance's local policy, ``engine`` must be None, and
+            ``load`` is relative to the cluster's capacity under ``router``
+            (:func:`cbgym.cluster.run.cluster_capacity`).
+        router: where each request runs (``cbgym.agents.routing.ROUTERS`` spec, or a
+            :class:`cbgym.cluster.Router`); only with ``cluster``.
 
     Returns:
-        A :class:`cbgym.metrics.SimulationResult`.
+        A :class:`cbgym.metrics.SimulationResult` (a :class:`cbgym.cluster.ClusterResult`
+        with ``cluster``: per-request placement, transfers and TTFT parts; per-instance
+        time series).
 
     Raises:
         TypeError: an argument of the wrong type (the message names it).
@@ -151,6 +167,12 @@ def simulate(
     """
     load, capacity_rps = _positive("load", load), _positive("capacity_rps", capacity_rps)
     seed = _seed(seed)
+    if cluster is not None:
+        if engine is not None:
+            raise ValueError("simulate: give engine= or cluster=, not both (a cluster's "
+                             "pools name their engines)")
+        return _simulate_cluster(trace, policy, cluster, router, load, seed, slo,
+                                 record_iterations, capacity_rps)
     cfg = resolve_engine(engine)
     pol = resolve_policy(policy)
     trace = resolve_trace(trace)
@@ -178,6 +200,28 @@ def simulate(
         "policy": getattr(pol, "label", pol.name), "trace": trace.name, "load": load,
         "seed": seed, "wall_seconds": wall, "engine": config_dict(cfg),
     })
+
+
+def _simulate_cluster(trace: Trace | str | os.PathLike[str], policy: str | Policy | type[Policy],
+                      cluster: ClusterConfig | str, router: str | Router, load: float | None,
+                      seed: int, slo: SLOSpec | None, record_iterations: bool,
+                      capacity_rps: float | None) -> SimulationResult:
+    from cbgym.agents.routing import make_router
+    from cbgym.cluster.run import cluster_capacity, resolve_cluster, serve
+
+    cfg = resolve_cluster(cluster)
+    make_router(router)  # a bad spec fails before any work
+    resolve_policy(policy)
+    trace = resolve_trace(trace)
+    if load is not None:
+        from cbgym.capacity import scale_to_load
+
+        mu = capacity_rps or cluster_capacity(trace, cfg, router)
+        trace = scale_to_load(trace, load, cfg.engines[0], capacity_rps=mu)
+    return serve(trace, cfg, router, policy=policy, seed=seed, slo=slo or SLO(),
+                 record_iterations=record_iterations,
+                 meta={"policy": policy if isinstance(policy, str) else
+                       getattr(policy, "name", str(policy)), "load": load})
 
 
 def collect(eng: Engine, slo: SLOSpec, meta: dict) -> SimulationResult:

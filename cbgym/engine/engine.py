@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from cbgym.engine import handoff
 from cbgym.engine import layout as L
 from cbgym.engine.config import EngineConfig
-from cbgym.engine.decision import Decision, DecisionPoint, validate_decision
+from cbgym.engine.decision import Decision, DecisionPoint, Policy, validate_decision
 from cbgym.engine.jit import bind
 from cbgym.engine.kv_cache import KVCacheView
 from cbgym.engine.loop import advance, decide
@@ -87,11 +88,14 @@ class Engine:
             :meth:`next_decision` returns None once the run drained.
         decode_stretches: run stretches of decode-only iterations with nothing to decide in
             one pass (identical results; off only to test exactly that).
+        routed: an instance of a cluster (:mod:`cbgym.cluster`): requests arrive only as
+            its cluster delivers them, and it runs to the cluster's horizons
+            (:meth:`run_until`) instead of through :meth:`next_decision`.
     """
 
     def __init__(self, trace: Trace, config: EngineConfig, consult: str = "on_change",
                  record_iterations: bool = False, keys: np.ndarray | None = None,
-                 decode_stretches: bool = True) -> None:
+                 decode_stretches: bool = True, routed: bool = False) -> None:
         if consult not in CONSULT_MODES:
             raise ValueError(f"Engine consult={consult!r}: expected one of {CONSULT_MODES}")
         assert config.num_kv_blocks is not None and config.block_size is not None
@@ -101,13 +105,15 @@ class Engine:
                                      decode_stretches)
         self.state = s = L.new_state(trace.arrival_s, trace.prompt_tokens, trace.output_tokens,
                                      config.num_kv_blocks, host_swap_tokens(config),
-                                     config.max_num_seqs, config.block_size)
+                                     config.max_num_seqs, config.block_size, routed)
         if keys is not None:
             k = np.asarray(keys, dtype=np.float64)
             if k.shape != (len(trace),) or not np.isfinite(k).all():
                 raise ValueError(f"Engine keys: expected {len(trace)} finite keys (one per "
                                  f"request), got shape {k.shape}")
             s.times[L.KEY] = k
+        self._routed = routed
+        self._trace_arrival = np.ascontiguousarray(trace.arrival_s, dtype=np.float64)
         self._reasons = list(L.REASONS)
         self.req = RequestTable(s, trace.tenant, trace.slo_class, self._reasons)
         self.kv = KVCacheView(s, config.num_kv_blocks, config.block_size)
@@ -121,13 +127,17 @@ class Engine:
     def _bind(self) -> None:
         s, p = self.state, self.params
         self._advance = bind(advance, s, p)
+        self._horizon = bind(handoff.set_horizon, s, 0.0)
         self._decide = bind(decide, s, p, _NONE, True, _NONE, L.R_POLICY, _NONE, True, _NONE,
                             False)
 
     def _make_views(self) -> dict[str, np.ndarray]:
-        """Read-only views handed to policies (made once: the columns change in place)."""
+        """Read-only views handed to policies (made once: the columns change in place). A
+        cluster's instance shows each request's arrival at the cluster (the trace's), not
+        its delivery here, so that a local policy measures waits as its clients do."""
         r, ro = self.req, RequestTable.readonly
-        return {"arrival_s": ro(r.arrival_s), "prompt": ro(r.prompt),
+        arrival = self._trace_arrival if self._routed else r.arrival_s
+        return {"arrival_s": ro(arrival), "prompt": ro(r.prompt),
                 "computed": ro(r.computed), "generated": ro(r.generated),
                 "preemptions": ro(r.preemptions), "tenant": ro(r.tenant),
                 "slo_class": ro(r.slo_class), "finish_order": ro(r.finish_order),
@@ -136,7 +146,7 @@ class Engine:
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
         # views of the state's arrays and compiled entry points: rebuilt on the new arrays
-        for name in ("_views", "_advance", "_decide", "_pending", "req", "kv"):
+        for name in ("_views", "_advance", "_decide", "_horizon", "_pending", "req", "kv"):
             del state[name]
         state["_tenant"], state["_slo_class"] = self.req.tenant, self.req.slo_class
         return state
@@ -190,6 +200,19 @@ class Engine:
                  np.int64(self.reason_code(decision.shed_reason)), victims,
                  decision.victims is not None, _ids(decision.preempt), False)
         self.at_point = False
+
+    def run_until(self, until: float, policy: Policy | None) -> int:
+        """An instance of a cluster: run iterations that start before ``until``, asking
+        ``policy`` at decision points, until the horizon (``AT_HORIZON``; also when the
+        outbox has events for the cluster) or idle with nothing delivered left
+        (``DRAINED``)."""
+        self._horizon(self.state, float(until))
+        code = self.run(self._advance)
+        while code == L.AT_DECISION:
+            assert policy is not None, "a keyed instance never stops at a decision point"
+            self.decide(policy.decide(self._decision_point()))
+            code = self.run(self._advance)
+        return code
 
     def reason_code(self, reason: str) -> int:
         """The kernel's code for a shed reason (a run's own reasons are numbered here)."""

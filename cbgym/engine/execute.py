@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from cbgym.engine.jit import no_alloc_kernel
-from cbgym.engine.kutil import end, keep_status, release
+from cbgym.engine.kutil import end, keep_status, release, report
 from cbgym.engine.layout import (
     ARRIVAL,
     AT_DECISION,
@@ -20,8 +20,15 @@ from cbgym.engine.layout import (
     GENERATED,
     IDLE_TICK_S,
     IDLE_TICKS,
+    IDLED,
+    INBOX,
+    INBOX_N,
     ITERATION,
+    ITL_MAX,
+    KEEP_KV,
+    KERNEL_POLICY,
     LAST_DT,
+    LAST_TOKEN,
     MAX_IDLE_TICKS,
     MAX_MODEL_LEN,
     N_RUN,
@@ -30,11 +37,15 @@ from cbgym.engine.layout import (
     NOW,
     NUM_BLOCKS,
     ON_COMPLETION,
+    OUTBOX_N,
     OUTPUT,
     PREEMPTED_NOW,
     R_MML,
     REC_N,
     RECORD,
+    REMOTE,
+    REMOTE_NEW,
+    REMOTE_PENDING,
     ROW_OPEN,
     RUN_Q,
     RUNNING,
@@ -45,6 +56,8 @@ from cbgym.engine.layout import (
     SWAP_BYTES,
     TOKENS,
     TOO_MANY_IDLE_TICKS,
+    UNTIL,
+    WAIT_Q,
     Params,
     State,
 )
@@ -92,7 +105,10 @@ def finished(s: State, p: Params, rid: int) -> bool:
     if not (full or capped):
         return False
     end(s, rid, FINISHED, s.sf[NOW], R_MML if capped else 0)
-    release(s, rid)
+    if s.req[KEEP_KV, rid]:
+        report(s, rid)  # a prefill instance keeps the blocks until its KV has been sent
+    else:
+        release(s, rid)
     return True
 
 
@@ -111,19 +127,48 @@ def retire(s: State, p: Params, m: int) -> None:
 
 
 @no_alloc_kernel
+def remote_blocked(s: State) -> bool:
+    """Whether a waiting request waits on its cluster: KV in flight, or blocks for a remote
+    prompt that only a landing transfer (or a finishing request) can free."""
+    remote, waiting = s.req[REMOTE], s.ids[WAIT_Q]
+    for i in range(s.si[N_WAIT]):
+        if remote[waiting[i]] == REMOTE_PENDING or remote[waiting[i]] == REMOTE_NEW:
+            return True
+    return False
+
+
+@no_alloc_kernel
+def s_keyed(s: State) -> bool:
+    """Whether this instance's policy is known in the kernel (set by the cluster: the
+    instance's standing order is its queue order or a static key)."""
+    return s.si[KERNEL_POLICY] != 0
+
+
+@no_alloc_kernel
 def idle(s: State) -> int:
-    """Nothing was scheduled (every waiting request held back): let time pass."""
-    si, sf, arrival = s.si, s.sf, s.times[ARRIVAL]
-    si[IDLE_TICKS] += 1
+    """Nothing was scheduled (every waiting request held back, or waiting on its cluster):
+    let time pass, to the next arrival or by one idle tick, never past the horizon."""
+    si, sf, arrival, inbox = s.si, s.sf, s.times[ARRIVAL], s.ids[INBOX]
     si[CHANGED] = 1  # a standing hold must not outlive an idle tick: ask again
     si[ROW_OPEN] = 0
-    if si[IDLE_TICKS] > MAX_IDLE_TICKS:
-        return TOO_MANY_IDLE_TICKS
+    si[IDLED] = 1
+    if si[OUTBOX_N] > 0:
+        return AT_DECISION  # a transfer starts now: its cluster moves before time does
+    if sf[UNTIL] < np.inf and (remote_blocked(s) or s_keyed(s)):
+        # a cluster's instance with nothing it can do (its policy is decided here, or it
+        # waits on KV): nothing changes before its cluster's next event
+        sf[NOW] = max(sf[NOW], sf[UNTIL])
+        return AT_DECISION
     nxt = si[NEXT_ARRIVAL]
-    if nxt < len(arrival) and arrival[nxt] > sf[NOW]:
-        sf[NOW] = arrival[nxt]
+    if nxt < si[INBOX_N] and arrival[inbox[nxt]] > sf[NOW]:
+        t = arrival[inbox[nxt]]
     else:
-        sf[NOW] = sf[NOW] + IDLE_TICK_S
+        t = sf[NOW] + IDLE_TICK_S
+    if t <= sf[UNTIL]:  # (a tick cut short by the cluster's next event is not counted)
+        si[IDLE_TICKS] += 1
+        if si[IDLE_TICKS] > MAX_IDLE_TICKS:
+            return TOO_MANY_IDLE_TICKS
+    sf[NOW] = min(t, sf[UNTIL])  # the horizon is later than now: an iteration started
     return AT_DECISION
 
 
@@ -134,6 +179,7 @@ def execute(s: State, p: Params, m: int) -> int:
     if m == 0 and si[SWAP_BYTES] == 0 and si[PREEMPTED_NOW] == 0:
         return idle(s)
     si[IDLE_TICKS] = 0
+    si[IDLED] = 0
     sched_ids, sched_tokens, sampled = s.ids[SCHED_IDS], s.ids[SCHED_TOKENS], s.ids[SAMPLED]
     computed, tokens, generated = s.req[COMPUTED], s.req[TOKENS], s.req[GENERATED]
     num_decode = num_tokens = num_sampled = q_ctx = q_sq = kv_tokens = np.int64(0)
@@ -154,7 +200,8 @@ def execute(s: State, p: Params, m: int) -> int:
                q_ctx, (q_sq + num_tokens) // 2, kv_tokens, si[SWAP_BYTES])
     begin = sf[NOW]
     sf[NOW] = begin + dt
-    first_token = s.times[FIRST_TOKEN]
+    first_token, last_token, itl_max = s.times[FIRST_TOKEN], s.times[LAST_TOKEN], s.times[
+        ITL_MAX]
     for j in range(m):
         rid = sched_ids[j]
         computed[rid] += sched_tokens[j]
@@ -163,6 +210,9 @@ def execute(s: State, p: Params, m: int) -> int:
             tokens[rid] += 1
             if generated[rid] == 1:
                 first_token[rid] = sf[NOW]
+            else:
+                itl_max[rid] = max(itl_max[rid], sf[NOW] - last_token[rid])
+            last_token[rid] = sf[NOW]
     record(s, p, begin, dt, num_tokens, num_tokens - num_decode, num_decode, np.int64(1))
     if p.ci[RECORD]:
         for j in range(m):

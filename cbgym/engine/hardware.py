@@ -1,117 +1,30 @@
-"""Model and GPU descriptions, and the KV-cache capacity they leave.
+"""GPU descriptions, and the KV-cache capacity a model leaves on them.
 
 All quantities are in SI units unless a name says otherwise: bytes, FLOP/s, bytes/s.
 ``GiB`` (2**30 bytes) appears only where a figure is quoted the way CUDA reports it.
 
 Sources for the constants: NVIDIA A100/H100/H200 datasheets (dense BF16 tensor-core peak,
-HBM bandwidth, NVLink and PCIe generation) and the Hugging Face ``config.json`` of each model
-(layers, hidden size, heads, vocabulary, MLP width).
+HBM bandwidth, NVLink and PCIe generation). The model shapes (:class:`ModelSpec`,
+:data:`MODELS`, from each model's Hugging Face ``config.json``) live in
+:mod:`cbgym.engine.models` and are re-exported here.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from numbers import Real
+
+# Model shapes live in cbgym.engine.models; re-exported here, where they have always been
+from cbgym.engine.models import MODELS, AttentionKind, ModelSpec, _finite_real
+
+__all__ = [
+    "GPUS", "MODELS", "AttentionKind", "GiB", "GpuSpec", "KiB", "ModelSpec", "check_tp",
+    "estimate_activation_bytes", "kv_bytes_per_token_per_gpu", "kv_cache_blocks",
+    "kv_shard_fraction",
+]
 
 GiB = 2**30  # bytes
 KiB = 2**10  # bytes
-
-
-def _finite_real(value: object) -> bool:
-    """A finite real number; bool and str are not (math.isfinite would take True or raise)."""
-    return isinstance(value, Real) and not isinstance(value, bool) and math.isfinite(value)
-
-
-@dataclass(frozen=True, slots=True)
-class ModelSpec:
-    """Shape of a decoder-only transformer (Llama-style: gated MLP, grouped-query attention).
-
-    Args:
-        name: Short identifier, e.g. ``"llama-2-7b"``.
-        num_params: Total parameter count, embeddings and LM head included.
-        num_layers: Transformer blocks.
-        hidden_size: Residual-stream width.
-        num_heads: Query heads per layer.
-        num_kv_heads: Key/value heads per layer (``< num_heads`` for grouped-query attention).
-        vocab_size: Vocabulary size (rows of the embedding and of the LM head).
-        intermediate_size: Width of the gated MLP (each of gate, up and down projections).
-        head_dim: Width of one attention head.
-        dtype_bytes: Bytes per weight and per KV element (2 for bf16/fp16).
-        max_position_embeddings: Context length from the model's ``config.json``; vLLM's
-            default ``max_model_len``. ``None`` when unknown (no default cap).
-    """
-
-    name: str
-    num_params: float
-    num_layers: int
-    hidden_size: int
-    num_heads: int
-    num_kv_heads: int
-    vocab_size: int
-    intermediate_size: int
-    head_dim: int = 128
-    dtype_bytes: int = 2
-    max_position_embeddings: int | None = None
-
-    def __post_init__(self) -> None:
-        if not self.name:
-            raise ValueError("ModelSpec.name must be a non-empty string")
-        if not (_finite_real(self.num_params) and self.num_params > 0):
-            raise ValueError(
-                f"ModelSpec.num_params must be a finite number > 0, got {self.num_params!r}"
-            )
-        for field_name in (
-            "num_layers",
-            "hidden_size",
-            "num_heads",
-            "num_kv_heads",
-            "vocab_size",
-            "intermediate_size",
-            "head_dim",
-            "dtype_bytes",
-        ):
-            value = getattr(self, field_name)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ValueError(f"ModelSpec.{field_name} must be a positive int, got {value!r}")
-        ctx = self.max_position_embeddings
-        if ctx is not None and (not isinstance(ctx, int) or isinstance(ctx, bool) or ctx < 2):
-            raise ValueError(
-                f"ModelSpec.max_position_embeddings must be None or an int >= 2, got {ctx!r}"
-            )
-        if self.num_heads % self.num_kv_heads != 0:
-            raise ValueError(
-                f"ModelSpec.num_kv_heads ({self.num_kv_heads}) must divide "
-                f"num_heads ({self.num_heads})"
-            )
-
-    @property
-    def kv_bytes_per_token(self) -> int:
-        """Bytes of K and V cached per token, over all layers: 2 * L * H_kv * d * bytes."""
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.dtype_bytes
-
-    @property
-    def weight_bytes(self) -> float:
-        """Bytes of all weights (embeddings and LM head included)."""
-        return self.num_params * self.dtype_bytes
-
-    @property
-    def linear_params(self) -> int:
-        """Parameters of the per-token matmuls in the transformer blocks.
-
-        Q, K, V and O projections plus the three MLP projections, summed over layers. Excludes
-        the embedding (a lookup, no FLOPs) and the LM head (run only for sampled rows).
-        """
-        q_width = self.num_heads * self.head_dim
-        kv_width = self.num_kv_heads * self.head_dim
-        attn = self.hidden_size * (2 * q_width + 2 * kv_width)  # q, o and k, v projections
-        mlp = 3 * self.hidden_size * self.intermediate_size  # gate, up, down
-        return self.num_layers * (attn + mlp)
-
-    @property
-    def lm_head_params(self) -> int:
-        """Parameters of the LM head (hidden -> vocabulary logits)."""
-        return self.hidden_size * self.vocab_size
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,42 +64,6 @@ class GpuSpec:
                     f"GpuSpec.{field_name} must be a finite number > 0, got {value!r}"
                 )
 
-
-def _llama(
-    name: str,
-    params: float,
-    layers: int,
-    hidden: int,
-    heads: int,
-    kv_heads: int,
-    vocab: int,
-    inter: int,
-    context: int,
-) -> ModelSpec:
-    return ModelSpec(
-        name, params, layers, hidden, heads, kv_heads, vocab, inter,
-        max_position_embeddings=context,
-    )
-
-
-# The last argument is max_position_embeddings from each model's Hugging Face config.json
-# (meta-llama/Llama-2-{7b,13b,70b}-hf: 4096; meta-llama/Meta-Llama-3-{8B,70B}: 8192;
-# mistralai/Mistral-7B-v0.1: 32768; its 4096-token sliding window bounds attention, not length).
-MODELS: dict[str, ModelSpec] = {
-    m.name: m
-    for m in (
-        # KV per token: 2*32*32*128*2 = 512 KiB
-        _llama("llama-2-7b", 6.74e9, 32, 4096, 32, 32, 32000, 11008, 4096),
-        # KV per token: 2*40*40*128*2 = 800 KiB
-        _llama("llama-2-13b", 13.0e9, 40, 5120, 40, 40, 32000, 13824, 4096),
-        # KV per token: 2*32*8*128*2 = 128 KiB
-        _llama("llama-3-8b", 8.03e9, 32, 4096, 32, 8, 128256, 14336, 8192),
-        # KV per token: 2*80*8*128*2 = 320 KiB
-        _llama("llama-2-70b", 68.98e9, 80, 8192, 64, 8, 32000, 28672, 4096),
-        _llama("llama-3-70b", 70.55e9, 80, 8192, 64, 8, 128256, 28672, 8192),
-        _llama("mistral-7b", 7.24e9, 32, 4096, 32, 8, 32000, 14336, 32768),
-    )
-}
 
 GPUS: dict[str, GpuSpec] = {
     g.name: g
@@ -230,9 +107,21 @@ def kv_shard_fraction(model: ModelSpec, tp: int) -> float:
     """Fraction of each token's KV bytes one GPU holds under tensor parallelism ``tp``.
 
     KV heads are split across GPUs; when ``tp`` exceeds the KV-head count each GPU keeps one
-    (replicated) head, as vLLM does.
+    (replicated) head, as vLLM does. An MLA model has one (latent) KV head, so every GPU holds
+    all of it: the fraction is 1 at any ``tp``.
     """
     return max(model.num_kv_heads // tp, 1) / model.num_kv_heads
+
+
+def kv_bytes_per_token_per_gpu(model: ModelSpec, tp: int = 1) -> float:
+    """KV bytes per token one GPU of a ``tp``-way replica holds (and its attention reads).
+
+    ``kv_bytes_per_token * kv_shard_fraction``: 1/tp of a GQA model whose KV heads split
+    evenly, the whole latent for MLA. What each rank would send over its own link in a
+    rank-to-rank KV transfer; :attr:`ModelSpec.kv_bytes_per_token_total` is one whole copy.
+    """
+    check_tp(model, tp)
+    return model.kv_bytes_per_token * kv_shard_fraction(model, tp)
 
 
 def estimate_activation_bytes(model: ModelSpec, tp: int = 1) -> float:
@@ -266,7 +155,9 @@ def kv_cache_blocks(
 
     Per GPU: ``floor((memory * utilization - weights / tp - activations)
     / (block_size * kv_bytes_per_token * shard))``, where ``shard`` is the fraction of each
-    token's KV that GPU holds (1/tp when the KV heads split evenly). Every GPU of the replica
+    token's KV that GPU holds (1/tp when the KV heads split evenly, 1 for MLA's replicated
+    latent) and the weights are all of them (every expert of a mixture of experts, since
+    each must be resident whichever a token is routed to). Every GPU of the replica
     holds the same block table, so this is also the replica's block count. With even splits it
     equals ``floor((memory * utilization * tp - weights - tp * activations)
     / (block_size * kv_bytes_per_token))``.

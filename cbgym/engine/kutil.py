@@ -16,8 +16,12 @@ from cbgym.engine.layout import (
     FINISHED,
     FREE,
     HELD,
+    KV_EVENT,
+    NOW,
     NUM_ENDED,
     NUM_FINISHED,
+    OUTBOX,
+    OUTBOX_N,
     REASON,
     STATUS,
     State,
@@ -56,6 +60,15 @@ def end(s: State, rid: int, status: int, t: float, code: int) -> None:
         s.ids[FINISH_ORDER, s.si[NUM_FINISHED]] = rid
         s.si[NUM_FINISHED] += 1
     s.si[NUM_ENDED] += 1
+
+
+@no_alloc_kernel
+def report(s: State, rid: int) -> None:
+    """Put ``rid`` in the outbox, stamped now: its cluster has to act on it (send its KV, or
+    start the transfer into the blocks just allocated)."""
+    s.times[KV_EVENT, rid] = s.sf[NOW]
+    s.ids[OUTBOX, s.si[OUTBOX_N]] = rid
+    s.si[OUTBOX_N] += 1
 
 
 @no_alloc_kernel

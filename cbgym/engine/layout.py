@@ -37,17 +37,29 @@ NEVER, ON_CHANGE, ON_COMPLETION, EVERY_ITERATION, ALWAYS = _codes(5)
 (N_RUN, N_WAIT, NEXT_ARRIVAL, FREE, ITERATION, TOTAL_PREEMPT, NUM_FINISHED, NUM_ENDED,
  IDLE_TICKS, HOST_FREE, SWAP_BYTES, PREEMPTED_NOW, REC_N, BLOG_N, PLOG_N, CHANGED, SHORTFALL,
  PLAN_TOTAL, PLAN_DECODING, PLAN_VALID, STAND_N, STAND_HAS, VICT_N, VICT_HAS,
- ROW_OPEN, PLAN_LEFT, PLAN_CTX) = _codes(27)
-NUM_SI = 27
+ ROW_OPEN, PLAN_LEFT, PLAN_CTX, INBOX_N, OUTBOX_N, IDLED, KERNEL_POLICY) = _codes(31)
+NUM_SI = 31
+# KERNEL_POLICY: a cluster's instance whose local policy is decided in the kernel (FCFS or a
+# static key): idle, it waits for its cluster's next event instead of ticking
+# IDLED: the last iteration scheduled nothing (and nothing was delivered since): with the
+# policy decided in the kernel, only an event of its cluster can make it do something
 # ---------------------------------------------------------------- sf: float64 scalars
-NOW, LAST_DT = _codes(2)
-NUM_SF = 2
+# UNTIL: the horizon (an instance of a cluster stops before an iteration that would start
+# at or after it; +inf for a standalone engine)
+NOW, LAST_DT, UNTIL = _codes(3)
+NUM_SF = 3
 
 # ---------------------------------------------------------------- codes
 # request status (cbgym.engine.Status)
 PENDING, WAITING, RUNNING, FINISHED, SHED = _codes(5)
-# what a kernel call stopped at
-AT_DECISION, DRAINED, NEED_ROOM, TOO_MANY_IDLE_TICKS = _codes(4)
+# what a kernel call stopped at (AT_HORIZON: the clock reached sf[UNTIL], or the instance
+# has outbox events for its cluster)
+AT_DECISION, DRAINED, NEED_ROOM, TOO_MANY_IDLE_TICKS, AT_HORIZON = _codes(5)
+# where a request's KV comes from on a decode instance (State.req[REMOTE]): computed here
+# (LOCAL), or by a prefill instance and sent over: NEW (no blocks yet), PENDING (blocks for
+# the whole prompt held, the transfer in flight: vLLM's WAITING_FOR_REMOTE_KVS), READY
+# (landed: it is admitted with all but the last prompt token computed)
+LOCAL, REMOTE_NEW, REMOTE_PENDING, REMOTE_READY = _codes(4)
 # why a request ended; 0 = plain "finished". Codes from len(REASONS) on are a run's own
 # shed reasons (Decision.shed_reason strings), numbered by the Engine as they appear.
 REASONS = ("", "kv_reservation_exceeds_capacity", "prompt_exceeds_max_model_len",
@@ -78,12 +90,15 @@ class Params(NamedTuple):
 
 # ---------------------------------------------------------------- State.req rows (int64)
 (PROMPT, OUTPUT, TOKENS, COMPUTED, GENERATED, HOST_TOKENS, PREEMPTIONS, HELD, STATUS,
- REASON) = _codes(10)
+ REASON, KEEP_KV, REMOTE, CHUNK_CAP) = _codes(13)
+NUM_REQ_ROWS = 13
 # ---------------------------------------------------------------- State.times rows (float64)
-ARRIVAL, FIRST_SCHEDULED, FIRST_TOKEN, FINISH, KEY = _codes(5)
+ARRIVAL, FIRST_SCHEDULED, FIRST_TOKEN, FINISH, KEY, KV_EVENT, LAST_TOKEN, ITL_MAX = _codes(8)
+NUM_TIME_ROWS = 8
 # ---------------------------------------------------------------- State.ids rows (int64)
 (RUN_Q, WAIT_Q, FINISH_ORDER, STAND_ORDER, STAND_VICTIMS, PLAN_TOKENS, PLAN_NEED, SCHED_IDS,
- SCHED_TOKENS, ORDER, NEVER_FIT, SAMPLED, SCRATCH) = _codes(13)
+ SCHED_TOKENS, ORDER, NEVER_FIT, SAMPLED, SCRATCH, INBOX, OUTBOX) = _codes(15)
+NUM_ID_ROWS = 15
 
 
 class State(NamedTuple):
@@ -97,10 +112,15 @@ class State(NamedTuple):
     # per request, indexed by id (trace order): PROMPT, OUTPUT (the true output length,
     # never shown to policies), TOKENS (prompt + generated), COMPUTED (tokens whose KV is
     # computed), GENERATED, HOST_TOKENS (KV tokens swapped out to host), PREEMPTIONS,
-    # HELD (KV blocks), STATUS (codes above), REASON (codes into REASONS)
+    # HELD (KV blocks), STATUS (codes above), REASON (codes into REASONS); for a cluster's
+    # instances: KEEP_KV (1: a prefill instance's request, whose blocks outlive it until its
+    # KV has been sent), REMOTE (LOCAL ... REMOTE_READY above), CHUNK_CAP (most prompt
+    # tokens per iteration; 0: the budget's)
     req: np.ndarray
-    # per request: ARRIVAL, FIRST_SCHEDULED, FIRST_TOKEN, FINISH (seconds; NaN: not yet),
-    # KEY (a static policy's key: lower admitted first)
+    # per request: ARRIVAL (at this instance), FIRST_SCHEDULED, FIRST_TOKEN, FINISH
+    # (seconds; NaN: not yet), KEY (a static policy's key: lower admitted first), KV_EVENT
+    # (when its last outbox event happened), LAST_TOKEN (when it sampled its last token),
+    # ITL_MAX (its longest gap between two tokens, 0 before a second token)
     times: np.ndarray
     # id lists, each n long:
     #   RUN_Q (running, admission order; first si[N_RUN]), WAIT_Q (waiting, queue order;
@@ -110,7 +130,11 @@ class State(NamedTuple):
     #   and one iteration's scratch: PLAN_TOKENS / PLAN_NEED (per running slot: tokens the
     #   running loop grants and new KV blocks for them), SCHED_IDS / SCHED_TOKENS (the
     #   batch), ORDER (admission candidates), NEVER_FIT, SAMPLED (per batch slot: 1 if it
-    #   samples a token), SCRATCH (sorting)
+    #   samples a token), SCRATCH (sorting),
+    #   INBOX (ids in the order they arrive here, by arrival time; first si[INBOX_N]: every
+    #   request for a standalone engine, the routed ones for a cluster's instance), OUTBOX
+    #   (ids with an event the cluster must act on, first si[OUTBOX_N]: a prefill done with
+    #   KEEP_KV, or a REMOTE request's blocks allocated, at times[KV_EVENT])
     ids: np.ndarray
     si: np.ndarray  # int64 scalars (names above)
     sf: np.ndarray  # float64 scalars
@@ -122,12 +146,14 @@ class State(NamedTuple):
 
 def new_state(arrival_s: np.ndarray, prompt: np.ndarray, output: np.ndarray,
               num_blocks: int, host_free_tokens: int, max_seqs: int,
-              block_size: int) -> State:
+              block_size: int, routed: bool = False) -> State:
     """A fresh run's state. Every array is the state's own, C-contiguous and writeable, so a
-    state always has the same numba type (an unpickled one included)."""
+    state always has the same numba type (an unpickled one included). ``routed``: an
+    instance of a cluster, whose requests arrive only when delivered (an empty inbox)."""
     n = len(arrival_s)
     log_rows = max(LOG_ROWS, 4 * max_seqs)
-    s = State(np.zeros((10, n), np.int64), np.zeros((5, n)), np.zeros((13, n), np.int64),
+    s = State(np.zeros((NUM_REQ_ROWS, n), np.int64), np.zeros((NUM_TIME_ROWS, n)),
+              np.zeros((NUM_ID_ROWS, n), np.int64),
               np.zeros(NUM_SI, np.int64), np.zeros(NUM_SF),
               np.zeros((REC_ROWS, len(REC_COLUMNS))), np.zeros((log_rows, 3), np.int64),
               np.zeros((log_rows, 2), np.int64), np.zeros(block_size, np.int64))
@@ -135,6 +161,8 @@ def new_state(arrival_s: np.ndarray, prompt: np.ndarray, output: np.ndarray,
                np.ascontiguousarray(prompt, dtype=np.int64),
                np.ascontiguousarray(output, dtype=np.int64), np.int64(num_blocks),
                np.int64(host_free_tokens))
+    if routed:
+        s.si[INBOX_N] = 0
     return s
 
 
@@ -142,7 +170,8 @@ def new_state(arrival_s: np.ndarray, prompt: np.ndarray, output: np.ndarray,
 def fill_state(s: State, arrival_s: np.ndarray, prompt: np.ndarray, output: np.ndarray,
                num_blocks: int, host_free_tokens: int) -> None:
     """Start a run in ``s``'s arrays (sized for these requests): nothing has arrived, every
-    block is free. The one way a run starts, for an engine and for each env of a batch."""
+    block is free, every request will arrive at its time (the inbox holds them all, in
+    order), no horizon. The one way a run starts, for an engine and for each env of a batch."""
     req, times, ids = s.req, s.times, s.ids
     n = len(arrival_s)
     for j in range(n):
@@ -157,6 +186,8 @@ def fill_state(s: State, arrival_s: np.ndarray, prompt: np.ndarray, output: np.n
         req[TOKENS, j] = prompt[j]
         times[ARRIVAL, j] = arrival_s[j]
         times[KEY, j] = 0.0
+        times[ITL_MAX, j] = 0.0
+        ids[INBOX, j] = j
     for k in range(len(s.si)):
         s.si[k] = 0
     for k in range(len(s.sf)):
@@ -166,3 +197,5 @@ def fill_state(s: State, arrival_s: np.ndarray, prompt: np.ndarray, output: np.n
     s.si[FREE] = num_blocks
     s.si[HOST_FREE] = host_free_tokens
     s.si[CHANGED] = 1
+    s.si[INBOX_N] = n
+    s.sf[UNTIL] = np.inf

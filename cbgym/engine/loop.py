@@ -19,11 +19,14 @@ from cbgym.engine.layout import (
     ALWAYS,
     ARRIVAL,
     AT_DECISION,
+    AT_HORIZON,
     BLOG_N,
     CHANGED,
     CONSULT,
     DRAINED,
     EVERY_ITERATION,
+    INBOX,
+    INBOX_N,
     KEYED,
     MAX_SEQS,
     N_RUN,
@@ -32,6 +35,7 @@ from cbgym.engine.layout import (
     NEVER,
     NEXT_ARRIVAL,
     NOW,
+    OUTBOX_N,
     PAPER,
     PLAN_VALID,
     PLOG_N,
@@ -47,6 +51,7 @@ from cbgym.engine.layout import (
     STAND_VICTIMS,
     STRETCH,
     SWAP_BYTES,
+    UNTIL,
     VICT_HAS,
     VICT_N,
     Params,
@@ -88,17 +93,19 @@ def has_room(s: State, p: Params) -> bool:
 
 @no_alloc_kernel
 def advance(s: State, p: Params) -> int:
-    """Run iterations with nothing to decide; stop at a decision point, drained or full."""
+    """Run iterations with nothing to decide; stop at a decision point, drained or full,
+    or (an instance of a cluster) at the horizon or with outbox events."""
     si, ci = s.si, p.ci
-    n = s.times.shape[1]
     none = s.ids[SCRATCH, :0]  # no evictions
     while True:
+        if s.sf[NOW] >= s.sf[UNTIL] or si[OUTBOX_N] > 0:
+            return AT_HORIZON  # a cluster's instance: its cluster moves first
         admit_arrivals(s, p)
         if si[N_RUN] == 0 and si[N_WAIT] == 0:
-            if si[NEXT_ARRIVAL] >= n:
+            if si[NEXT_ARRIVAL] >= si[INBOX_N]:
                 si[SHORTFALL] = 0
-                return DRAINED
-            s.sf[NOW] = max(s.sf[NOW], s.times[ARRIVAL, si[NEXT_ARRIVAL]])
+                return DRAINED  # (an instance of a cluster: idle until a delivery)
+            s.sf[NOW] = max(s.sf[NOW], s.times[ARRIVAL, s.ids[INBOX, si[NEXT_ARRIVAL]]])
             continue
         if not has_room(s, p):
             return NEED_ROOM

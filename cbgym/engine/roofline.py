@@ -3,18 +3,25 @@
 For one iteration computing T = prefill_tokens + decode_seqs tokens on a tensor-parallel
 replica of ``tp`` GPUs, per GPU:
 
-- linear layers: ``max(2 * P_lin / tp * T / (eta_c * F), P_lin * bytes / tp / (eta_m * BW))``
-  (the weights are read once per iteration whatever T is);
+- linear layers: ``max(2 * P_act / tp * T / (eta_c * F), P_lin * bytes / tp / (eta_m * BW))``
+  (the weights are read once per iteration whatever T is). ``P_lin`` is every block weight,
+  ``P_act`` what one token passes through: equal for a dense model; for a mixture of experts
+  ``P_act`` counts the routed and shared experts a token uses. Reading every expert is what a
+  batch does once it holds a few dozen tokens (DeepSeek-V2-Lite: an expert goes unused by T
+  tokens with probability (58/64)^T, 4% at T = 32), so prefill and batched decode are priced
+  right; a decode batch of a handful of sequences reads fewer experts than charged here;
 - LM head, for the sampled rows only: ``max(2 * h * V * S / tp / (eta_c * F),
   h * V * bytes / tp / (eta_m * BW))`` (no read at all when S = 0);
 - attention: ``max(4 * L * n_q * d * (sum q*c + sum q(q+1)/2) / tp / (eta_a * F),
-  kv_bytes_per_token * shard * sum(c + q) / (eta_m * BW))``;
+  kv_bytes_per_token * shard * sum(c + q) / (eta_m * BW))``, where MLA reads its latent
+  (``shard`` = 1, replicated) and prices FLOPs per pair as ``ModelSpec.attention_flops_per_pair``;
 - elementwise kernels (norms, RoPE, activation, residual adds): per layer the longer of a
   launch floor ``t_elem`` and their memory traffic, which grows with T;
 - tensor-parallel all-reduce (tp > 1): two per layer, ring, ``2 (tp-1)/tp * T * h * bytes``
   over NVLink plus a fixed latency each;
 - CPU overhead per iteration (and optionally per scheduled sequence);
-- swap traffic over the host links.
+- swap traffic over the host links (each GPU moves its own KV holding: 1/tp of a GQA
+  model's, all of an MLA model's replicated latent).
 
 Calibration (A100-80GB, Llama-2-7B, the Vidur operator profile ``microsoft/vidur``
 ``data/profiling/compute/a100/meta-llama/Llama-2-7b-hf/mlp.csv``): the linear layers run at
@@ -52,6 +59,15 @@ def _preset_list() -> tuple[str, ...]:
         f"{m}/{g}/tp4"
         for m in ("llama-2-70b", "llama-3-70b")
         for g in ("a100-80gb", "h100-80gb", "h200")
+    ]
+    # the models disaggregation studies serve (appended: the names above keep their order)
+    names += [
+        f"{m}/{g}"
+        for m in ("llama-3.1-8b", "deepseek-v2-lite")
+        for g in ("a100-80gb", "h100-80gb", "h200")
+    ]
+    names += [
+        f"llama-3.1-70b/{g}/tp{tp}" for tp in (4, 8) for g in ("a100-80gb", "h100-80gb", "h200")
     ]
     return tuple(names)
 
@@ -116,20 +132,27 @@ class RooflineCostModel:
         link = self.eta_link * g.interconnect_bytes_per_s  # achieved bytes/s, NVLink
         b = m.dtype_bytes
         coef = {
-            "_lin_per_token": 2 * m.linear_params / tp / flops,  # 2 FLOP per MAC
+            # 2 FLOP per MAC, over the weights a token passes through (a mixture of experts:
+            # its active experts); the weight read below is every expert
+            "_lin_per_token": 2 * m.active_linear_params / tp / flops,
             "_lin_weights": m.linear_params * b / tp / bw,
             "_lm_per_row": 2 * m.lm_head_params / tp / flops,
             "_lm_weights": m.lm_head_params * b / tp / bw,
             # QK^T and PV: 2 FLOP each per (query, key) pair per head dimension
-            "_att_per_pair": 4 * m.num_layers * m.num_heads * m.head_dim / tp / att_flops,
+            "_att_per_pair": m.attention_flops_per_pair / tp / att_flops,
             "_att_per_kv_token": m.kv_bytes_per_token * kv_shard_fraction(m, tp) / bw,
             "_elem_floor": m.num_layers * self.elem_floor_s,
             "_elem_per_token": m.num_layers * self._elem_bytes_per_token() / bw,
             # Two all-reduces per layer (after attention and after the MLP); none at tp=1.
             "_ar_fixed": 2 * m.num_layers * self.allreduce_latency_s if tp > 1 else 0.0,
             "_ar_per_token": 2 * m.num_layers * 2 * (tp - 1) / tp * m.hidden_size * b / link,
-            # swap_bytes counts the whole replica; each GPU moves its shard over its own link.
-            "_swap_per_byte": 1.0 / (tp * g.host_link_bytes_per_s),
+            # swap_bytes counts one copy of the replica's KV; each GPU moves its holding over
+            # its own link: a 1/tp shard of GQA heads, the whole of MLA's replicated latent
+            "_swap_per_byte": (
+                1.0 / (tp * g.host_link_bytes_per_s)
+                if m.attention == "gqa"
+                else 1.0 / g.host_link_bytes_per_s
+            ),
         }
         for name, value in coef.items():
             object.__setattr__(self, name, float(value))

@@ -14,11 +14,12 @@ from __future__ import annotations
 import numpy as np
 
 from cbgym.engine.jit import no_alloc_kernel
-from cbgym.engine.kutil import copy_ids, grow_to, keep_status, remove, sort_by_key
+from cbgym.engine.kutil import copy_ids, grow_to, keep_status, remove, report, sort_by_key
 from cbgym.engine.layout import (
     BLOCK_SIZE,
     BUDGET,
     CHANGED,
+    CHUNK_CAP,
     CHUNKED,
     COMPUTED,
     FREE,
@@ -43,6 +44,10 @@ from cbgym.engine.layout import (
     PLAN_TOTAL,
     PLAN_VALID,
     R_KV_EXCEEDED,
+    REMOTE,
+    REMOTE_NEW,
+    REMOTE_PENDING,
+    REMOTE_READY,
     RUN_Q,
     RUNNING,
     SCHED_IDS,
@@ -79,7 +84,7 @@ def running_plan(s: State, p: Params) -> None:
     running, plan_tokens, plan_need = s.ids[RUN_Q], s.ids[PLAN_TOKENS], s.ids[PLAN_NEED]
     tokens, computed, generated, held = (s.req[TOKENS], s.req[COMPUTED], s.req[GENERATED],
                                          s.req[HELD])
-    output, mml = s.req[OUTPUT], ci[MAX_MODEL_LEN]
+    output, mml, cap = s.req[OUTPUT], ci[MAX_MODEL_LEN], s.req[CHUNK_CAP]
     n = si[N_RUN]
     max_rem, min_gen = 0, 1
     left, ctx = np.int64(1 << 62), np.int64(0)
@@ -113,7 +118,9 @@ def running_plan(s: State, p: Params) -> None:
             tok, need = rem, 1 if c % bs == 0 else 0
         else:
             tok = min(rem, max(budget - before, 0))
-            before += rem
+            if cap[rid] > 0:
+                tok = min(tok, cap[rid])
+            before += tok
             need = max(-(-(c + tok) // bs) - held[rid], 0)
         plan_tokens[i] = tok
         plan_need[i] = need
@@ -138,6 +145,8 @@ def schedule_running_slow(s: State, p: Params, budget: int) -> tuple[int, int, b
     while i < si[N_RUN] and budget > 0:
         rid = running[i]
         tok = min(tokens[rid] - computed[rid], budget)
+        if s.req[CHUNK_CAP, rid] > 0:
+            tok = min(tok, s.req[CHUNK_CAP, rid])
         if -(-(computed[rid] + tok) // bs) > p.ci[NUM_BLOCKS]:
             shed(s, rid, R_KV_EXCEEDED)  # could never run, even alone
             continue
@@ -212,23 +221,61 @@ def rank_by_key(s: State) -> None:
 
 
 @no_alloc_kernel
+def stalled_here(s: State) -> bool:
+    """Whether a head that cannot get its blocks would wait forever: nothing runs (so no
+    block will be freed) and the blocks are held by received KV waiting behind it. vLLM
+    hangs there; the engine admits the received KV past the head instead (a decode instance
+    only: nowhere else do waiting requests hold blocks)."""
+    if s.si[N_RUN] > 0:
+        return False
+    remote, waiting = s.req[REMOTE], s.ids[WAIT_Q]
+    for i in range(s.si[N_WAIT]):
+        if remote[waiting[i]] == REMOTE_READY:
+            return True
+    return False
+
+
+@no_alloc_kernel
 def admit(s: State, p: Params, m: int, budget: int) -> int:
-    """Admit waiting requests in order until one does not fit; the new batch size."""
+    """Admit waiting requests in order until one does not fit; the new batch size.
+
+    A request whose prompt a prefill instance computes (``REMOTE``, vLLM's KV consumer) first
+    takes blocks for its whole prompt, without budget or a running slot, and waits for its
+    KV (short of blocks, it blocks the queue behind it, as any admission does); while the KV
+    is in flight it is skipped; once landed it is admitted with all but its last prompt
+    token computed, and that 1-token step samples its first token. One departure from vLLM:
+    :func:`stalled_here`.
+    """
     si, ci = s.si, p.ci
     bs, chunked = ci[BLOCK_SIZE], ci[CHUNKED]
     order, never = s.ids[ORDER], s.ids[NEVER_FIT]
     sched_ids, sched_tokens = s.ids[SCHED_IDS], s.ids[SCHED_TOKENS]
-    tokens, host_tokens = s.req[TOKENS], s.req[HOST_TOKENS]
+    tokens, host_tokens, held = s.req[TOKENS], s.req[HOST_TOKENS], s.req[HELD]
+    remote, cap = s.req[REMOTE], s.req[CHUNK_CAP]
     k = admission_candidates(s)
     admitted = n_never = np.int64(0)
+    stalled = False  # see below: only received KV is admitted past this point
     for j in range(k):
         rid = order[j]
         if si[N_RUN] >= ci[MAX_SEQS] or budget <= 0:
             break
         total = tokens[rid]
-        computed = host_tokens[rid]  # swapped-out KV comes back; else recompute
-        new = total - computed
         blocks = -(-total // bs)
+        if remote[rid] == REMOTE_PENDING or (stalled and remote[rid] != REMOTE_READY):
+            continue  # its KV is in flight: skipped, kept in place
+        if remote[rid] == REMOTE_NEW:
+            if blocks > si[FREE]:
+                if stalled_here(s):
+                    stalled = True
+                    continue
+                break
+            grow_to(s, bs, rid, total)
+            remote[rid] = REMOTE_PENDING
+            report(s, rid)  # the transfer starts now
+            continue
+        # swapped-out KV comes back; received KV is held already; else recompute
+        computed = total - 1 if remote[rid] == REMOTE_READY else host_tokens[rid]
+        new = total - computed
         if blocks > ci[NUM_BLOCKS] or (not chunked and new > ci[BUDGET]):
             never[n_never] = rid  # prompt + output so far outgrew the cache or the budget
             n_never += 1
@@ -236,10 +283,16 @@ def admit(s: State, p: Params, m: int, budget: int) -> int:
         if not chunked and new > budget:
             break
         tok = min(new, budget)
+        if cap[rid] > 0:
+            tok = min(tok, cap[rid])
         # The whole sequence must fit before a request is admitted (no partial reservation
         # of a prompt that could then stall), but only the scheduled chunk is allocated.
-        # (A waiting request holds no blocks: preemption and swap-out free them all.)
-        if blocks > si[FREE]:
+        # (A waiting request holds no blocks, preemption and swap-out free them all, except
+        # received KV.)
+        if blocks - held[rid] > si[FREE]:
+            if stalled_here(s):
+                stalled = True
+                continue
             break
         grow_to(s, bs, rid, computed + tok)
         start(s, p, rid, computed)

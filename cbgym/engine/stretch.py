@@ -33,9 +33,13 @@ from cbgym.engine.layout import (
     HELD,
     HOST_TOKENS,
     IDLE_TICKS,
+    INBOX,
+    INBOX_N,
     ITERATION,
+    ITL_MAX,
     KEYED,
     LAST_DT,
+    LAST_TOKEN,
     MAX_SEQS,
     N_RUN,
     N_WAIT,
@@ -56,10 +60,15 @@ from cbgym.engine.layout import (
     PROMPT,
     REC_N,
     RECORD,
+    REMOTE,
+    REMOTE_NEW,
+    REMOTE_PENDING,
+    REMOTE_READY,
     RUN_Q,
     SHORTFALL,
     SWAP_BYTES,
     TOKENS,
+    UNTIL,
     Params,
     State,
 )
@@ -78,12 +87,21 @@ def head_blocked(s: State, p: Params, need: int) -> bool:
         return True
     if si[N_RUN] >= ci[MAX_SEQS]:
         return True
-    if admission_candidates(s) == 0:
+    k = admission_candidates(s)
+    order, remote = s.ids[ORDER], s.req[REMOTE]
+    first = 0
+    while first < k and remote[order[first]] == REMOTE_PENDING:
+        first += 1  # skipped until its KV lands (an event of its cluster)
+    if first == k:
         return True  # everything waiting is held back
-    head, bs = s.ids[ORDER, 0], ci[BLOCK_SIZE]
+    head, bs = order[first], ci[BLOCK_SIZE]
     if ci[PAPER]:
         return -(-(s.req[PROMPT, head] + s.req[OUTPUT, head]) // bs) > si[FREE]
     total = s.req[TOKENS, head]
+    if remote[head] == REMOTE_NEW:  # takes blocks for its prompt, nothing else
+        return si[N_RUN] >= ci[BUDGET] or -(-total // bs) > si[FREE] - need
+    if remote[head] == REMOTE_READY:
+        return False  # its 1-token step is admitted at the next iteration
     new = total - s.req[HOST_TOKENS, head]
     if -(-total // bs) > ci[NUM_BLOCKS] or (not ci[CHUNKED] and new > ci[BUDGET]):
         return False  # the next iteration sheds it and tries the next one
@@ -130,7 +148,7 @@ def decode_stretch(s: State, p: Params) -> bool:
         for i in range(n):
             slack[(-computed[running[i]]) % bs] += 1
     # a request whose last block has r free slots needs a new block at steps r+1, r+1+bs, ...
-    arrival, nxt = s.times[ARRIVAL], si[NEXT_ARRIVAL]
+    arrival, inbox, nxt = s.times[ARRIVAL], s.ids[INBOX], si[NEXT_ARRIVAL]
     keyed = ci[KEYED] != 0 and ci[CONSULT] < EVERY_ITERATION
     if si[REC_N] >= len(s.rec):
         return False  # the time-series buffer is full: the loop empties it first
@@ -140,10 +158,12 @@ def decode_stretch(s: State, p: Params) -> bool:
     # The iterations between two arrivals have equal gauges: one time-series row (a
     # segment) each, written when the segment ends rather than once per iteration.
     seg_begin, seg_steps = t, np.int64(0)
-    dt = 0.0
+    dt = dt_max = first_end = 0.0
     while steps < k:
         need = 0 if ci[PAPER] else slack[steps % bs]
-        if nxt < len(arrival) and t >= arrival[nxt]:
+        if t >= sf[UNTIL]:
+            break  # a cluster's event comes first
+        if nxt < si[INBOX_N] and t >= arrival[inbox[nxt]]:
             # Arrivals join the queue here, as at the next iteration's start. The stretch
             # goes on when the policy's answer is known in the kernel (FCFS, or a static key)
             # and the queue's head still cannot be admitted.
@@ -163,9 +183,13 @@ def decode_stretch(s: State, p: Params) -> bool:
             break  # memory runs short: the next iteration preempts
         dt = price(ci[COST_KIND], p.cost, n, np.int64(0), n, n, ctx + n * steps, n,
                    ctx + n * (steps + 1), np.int64(0))
+        before = t
         t += dt
         free -= need
         steps += 1
+        dt_max = max(dt_max, t - before)  # the gap as plain iteration measures it
+        if steps == 1:
+            first_end = t
         seg_steps += 1
     end_segment(s, p, free, t, seg_begin, seg_steps, dt)
     si[ITERATION] += steps
@@ -174,11 +198,15 @@ def decode_stretch(s: State, p: Params) -> bool:
     held = s.req[HELD]
     last = steps == k  # somebody finishes (or reaches max_model_len) at the last step
     m = 0  # the running queue, compacted in place as requests finish
+    last_token, itl_max = s.times[LAST_TOKEN], s.times[ITL_MAX]
     for i in range(n):
         rid = running[i]
         computed[rid] += steps
         generated[rid] += steps
         tokens[rid] += steps
+        # its gaps: from its last token to the first step's end, then each step
+        itl_max[rid] = max(itl_max[rid], first_end - last_token[rid], dt_max)
+        last_token[rid] = t
         if not ci[PAPER]:  # a decoding request holds exactly the blocks its tokens need
             held[rid] = -(-computed[rid] // bs)
         if last and finished(s, p, rid):

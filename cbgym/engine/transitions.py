@@ -7,7 +7,7 @@ import math
 import numpy as np
 
 from cbgym.engine.jit import no_alloc_kernel
-from cbgym.engine.kutil import end, release, remove
+from cbgym.engine.kutil import end, release, remove, report
 from cbgym.engine.layout import (
     ARRIVAL,
     BLOCK_SIZE,
@@ -18,8 +18,11 @@ from cbgym.engine.layout import (
     FIRST_SCHEDULED,
     HOST_FREE,
     HOST_TOKENS,
+    INBOX,
+    INBOX_N,
     ITERATION,
     KV_BYTES,
+    LOCAL,
     MAX_MODEL_LEN,
     N_RUN,
     N_WAIT,
@@ -38,6 +41,7 @@ from cbgym.engine.layout import (
     R_PROMPT_MML,
     R_RESERVATION,
     RECORD,
+    REMOTE,
     RUN_Q,
     RUNNING,
     SHED,
@@ -54,28 +58,32 @@ from cbgym.engine.layout import (
 
 @no_alloc_kernel
 def admit_arrivals(s: State, p: Params) -> None:
-    """Move every request that has arrived by now into the waiting queue, or shed it at once
-    with the reason it can never be served by this engine."""
+    """Move every request in the inbox that has arrived by now into the waiting queue, or
+    shed it at once with the reason it can never be served by this engine."""
     si, ci, now = s.si, p.ci, s.sf[NOW]
     arrival, prompt, output = s.times[ARRIVAL], s.req[PROMPT], s.req[OUTPUT]
+    inbox, remote = s.ids[INBOX], s.req[REMOTE]
     bs = ci[BLOCK_SIZE]
     j = si[NEXT_ARRIVAL]
-    while j < len(arrival) and arrival[j] <= now:
+    while j < si[INBOX_N] and arrival[inbox[j]] <= now:
+        rid = inbox[j]
         code = np.int64(0)
         if ci[PAPER]:  # the study reserves KV for prompt + true output at admission
-            if -(-(prompt[j] + output[j]) // bs) > ci[NUM_BLOCKS]:
+            if -(-(prompt[rid] + output[rid]) // bs) > ci[NUM_BLOCKS]:
                 code = R_RESERVATION
-        elif ci[MAX_MODEL_LEN] >= 0 and prompt[j] >= ci[MAX_MODEL_LEN]:
+        elif ci[MAX_MODEL_LEN] >= 0 and prompt[rid] >= ci[MAX_MODEL_LEN]:
             code = R_PROMPT_MML
-        elif -(-prompt[j] // bs) > ci[NUM_BLOCKS]:
+        elif -(-prompt[rid] // bs) > ci[NUM_BLOCKS]:
             code = R_PROMPT_KV
-        elif not ci[CHUNKED] and prompt[j] > ci[BUDGET]:
+        elif not ci[CHUNKED] and prompt[rid] > ci[BUDGET] and remote[rid] == LOCAL:
             code = R_PROMPT_BUDGET  # without chunking it could never be scheduled
         if code:
-            end(s, j, SHED, arrival[j], code)
+            end(s, rid, SHED, arrival[rid], code)
+            if remote[rid] != LOCAL:
+                report(s, rid)  # its prefill instance still holds its KV: the cluster frees it
         else:
-            s.req[STATUS, j] = WAITING
-            s.ids[WAIT_Q, si[N_WAIT]] = j
+            s.req[STATUS, rid] = WAITING
+            s.ids[WAIT_Q, si[N_WAIT]] = rid
             si[N_WAIT] += 1
             si[CHANGED] = 1
         j += 1
@@ -84,9 +92,12 @@ def admit_arrivals(s: State, p: Params) -> None:
 
 @no_alloc_kernel
 def start(s: State, p: Params, rid: int, computed: int) -> None:
-    """Admit ``rid`` into the running batch with ``computed`` tokens of KV (swapped in)."""
+    """Admit ``rid`` into the running batch with ``computed`` tokens of KV (swapped in, or
+    received from a prefill instance)."""
     si = s.si
-    if computed:  # swap-in: the KV crosses the host link back
+    if s.req[REMOTE, rid] != LOCAL:
+        s.req[REMOTE, rid] = LOCAL  # its KV is local from now on (a preemption recomputes)
+    elif computed:  # swap-in: the KV crosses the host link back
         si[SWAP_BYTES] += computed * p.ci[KV_BYTES]
         si[HOST_FREE] += computed
         s.req[HOST_TOKENS, rid] = 0
@@ -144,3 +155,5 @@ def shed(s: State, rid: int, code: int) -> None:
     release(s, rid)
     end(s, rid, SHED, s.sf[NOW], code)
     si[CHANGED] = 1
+    if req[REMOTE, rid] != LOCAL:
+        report(s, rid)  # its prefill instance still holds its KV: the cluster frees it

@@ -143,7 +143,8 @@ class SchedulingVectorEnv(VectorEnv):
                                                base_trace.slo_class), dtype=np.float64),
             np.array([mu], np.float64))
         self.S = L.State(
-            np.zeros((N, 10, n), np.int64), np.zeros((N, 5, n)), np.zeros((N, 13, n), np.int64),
+            np.zeros((N, L.NUM_REQ_ROWS, n), np.int64), np.zeros((N, L.NUM_TIME_ROWS, n)),
+            np.zeros((N, L.NUM_ID_ROWS, n), np.int64),
             np.zeros((N, L.NUM_SI), np.int64), np.zeros((N, L.NUM_SF)),
             np.zeros((N, REC_ROWS, len(L.REC_COLUMNS))), np.zeros((N, 1, 3), np.int64),
             np.zeros((N, 1, 2), np.int64), np.zeros((N, cfg.block_size), np.int64))

@@ -1,0 +1,71 @@
+"""Cluster speed, with the single engine measured in the same run as the reference.
+
+All of azure-conv-2023 (scaled to ``--load`` of one instance's capacity, times the
+instances) under FCFS on every instance:
+
+1. the single engine (``cbgym.simulate``, the reference);
+2. ``1x`` (one replica through the cluster loop: the loop's own overhead);
+3. ``4x`` round-robin (unified replicas: no KV exchanged);
+4. ``2p2d`` with ``always-disaggregate`` and with ``kairos`` (goal: at most 1.5x the single
+   engine's wall time).
+
+Figures: wall seconds, engine iterations per second, and the ratio to the reference. The
+cluster env (``cbgym/Cluster-v0``) is not built yet: its steps/s are not measured here.
+
+    python benchmarks/bench_cluster.py [--trace NAME] [--preset MODEL/GPU] [--load 0.8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import cbgym
+from cbgym.capacity import measure_capacity, scale_to_load
+from cbgym.cluster import ClusterConfig
+from cbgym.cluster.run import serve
+from cbgym.workload import load_trace, synthetic_trace
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--trace", default="azure-conv-2023")
+    ap.add_argument("--preset", default="deepseek-v2-lite/a100-80gb")
+    ap.add_argument("--load", type=float, default=0.8)
+    args = ap.parse_args()
+    if not args.load > 0:
+        ap.error("--load must be > 0")
+    try:
+        trace = load_trace(args.trace)
+    except (FileNotFoundError, ValueError) as exc:
+        print(f"({exc.__class__.__name__}: using the synthetic-conv workload instead)")
+        trace = synthetic_trace("synthetic-conv")
+    engine = cbgym.EngineConfig(preset=args.preset)
+    mu = measure_capacity(trace, engine)
+    print(f"{trace.name}: {len(trace)} requests, {args.preset}, one instance's capacity "
+          f"{mu:.2f} req/s")
+    rows = []
+    single = scale_to_load(trace, args.load, engine, capacity_rps=mu)
+    serve(single.window(0, 200), ClusterConfig.preset(f"1x:{args.preset}"), "round-robin")
+    t = time.perf_counter()
+    ref = cbgym.simulate(single, engine=engine)
+    ref_wall = time.perf_counter() - t
+    rows.append(("single engine (reference)", ref_wall, ref.summary()["iterations"]))
+    for name, router, instances in (("1x", "round-robin", 1), ("4x", "round-robin", 4),
+                                    ("2p2d", "always-disaggregate", 2),
+                                    ("2p2d", "kairos", 2)):
+        # the same load per serving instance: 2P2D has two decode instances
+        tr = scale_to_load(trace, args.load, engine, capacity_rps=mu * instances)
+        t = time.perf_counter()
+        res = serve(tr, ClusterConfig.preset(f"{name}:{args.preset}"), router)
+        rows.append((f"{name} {router}", time.perf_counter() - t,
+                     res.summary()["iterations"]))
+    print(f"{'run':<28}{'wall s':>9}{'iterations':>12}{'iter/s':>12}{'x reference':>13}")
+    for label, wall, iters in rows:
+        print(f"{label:<28}{wall:>9.2f}{iters:>12.0f}{iters / wall:>12.0f}"
+              f"{wall / ref_wall:>13.1f}")
+    print("goal: 2p2d at most 1.5x the single engine's wall time")
+
+
+if __name__ == "__main__":
+    main()

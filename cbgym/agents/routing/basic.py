@@ -1,0 +1,105 @@
+"""Load-balancing routers: where a request runs, by a rule on the instances' load.
+
+On a cluster with unified instances they pick one of those; on a disaggregated cluster
+(prefill and decode pools) they pick a prefill instance and a decode instance by the same
+rule and always disaggregate. Rules as in Vidur's global schedulers (random, round-robin,
+least outstanding requests), splitwise-sim (join the shortest queue by pending tokens) and
+Mitzenmacher's power of two choices.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from cbgym.cluster.routing import Loads, Route, Router, RouterContext, RoutingPoint
+
+
+class PoolRouter(Router):
+    """A rule ``pick(candidates, loads, kind)`` applied per pool (see the module doc)."""
+
+    def reset(self, ctx: RouterContext) -> None:
+        super().reset(ctx)
+        self.rng = np.random.default_rng(ctx.seed)
+        self.count = 0
+
+    def pick(self, candidates: np.ndarray, loads: Loads | None, kind: str) -> int:
+        raise NotImplementedError
+
+    def route(self, rp: RoutingPoint) -> Route:
+        unified = rp.pool("unified")
+        self.count += 1
+        if len(unified):
+            return Route.to(self.pick(unified, rp.loads, "unified"))
+        return Route.disaggregate(self.pick(rp.pool("prefill"), rp.loads, "prefill"),
+                                  self.pick(rp.pool("decode"), rp.loads, "decode"))
+
+
+class RandomRouter(PoolRouter):
+    """Uniformly at random (seeded by the run's seed)."""
+
+    name = "random"
+    reads_loads = False
+
+    def pick(self, candidates: np.ndarray, loads: Loads | None, kind: str) -> int:
+        return int(candidates[self.rng.integers(len(candidates))])
+
+
+class RoundRobin(PoolRouter):
+    """Request i (in arrival order) to instance i mod N of the pool."""
+
+    name = "round-robin"
+    reads_loads = False
+
+    def pick(self, candidates: np.ndarray, loads: Loads | None, kind: str) -> int:
+        return int(candidates[(self.count - 1) % len(candidates)])
+
+
+def work(loads: Loads, kind: str) -> np.ndarray:
+    """Pending work an instance reports: prompt tokens still to compute on a prefill
+    instance; requests held or promised (:meth:`Loads.committed`) elsewhere."""
+    if kind == "prefill":
+        return loads.waiting_prefill_tokens + loads.running_prefill_tokens
+    return loads.committed()
+
+
+class LeastOutstanding(PoolRouter):
+    """Fewest requests held (waiting + running, plus those routed to a decode instance and
+    still prefilling elsewhere); ties to the lowest index. Vidur's least-outstanding."""
+
+    name = "least-outstanding"
+
+    def pick(self, candidates: np.ndarray, loads: Loads | None, kind: str) -> int:
+        assert loads is not None
+        held = loads.committed()
+        return int(candidates[np.argmin(held[candidates])])
+
+
+class ShortestQueueTokens(PoolRouter):
+    """Join the shortest queue by tokens: fewest prompt tokens still to compute (waiting and
+    running), ties by fewer requests; decode instances by requests held (splitwise-sim's
+    pending-tokens rule)."""
+
+    name = "jsq-tokens"
+
+    def pick(self, candidates: np.ndarray, loads: Loads | None, kind: str) -> int:
+        assert loads is not None
+        tokens = loads.waiting_prefill_tokens + loads.running_prefill_tokens
+        held = loads.committed()
+        if kind == "decode":
+            tokens, held = held, tokens
+        order = np.lexsort((candidates, held[candidates], tokens[candidates]))
+        return int(candidates[order[0]])
+
+
+class PowerOfTwo(PoolRouter):
+    """Two instances drawn at random, the one with less pending work (:func:`work`)."""
+
+    name = "power-of-two"
+
+    def pick(self, candidates: np.ndarray, loads: Loads | None, kind: str) -> int:
+        assert loads is not None
+        if len(candidates) == 1:
+            return int(candidates[0])
+        a, b = self.rng.choice(candidates, size=2, replace=False)
+        w = work(loads, kind)
+        return int(a if w[a] <= w[b] else b)

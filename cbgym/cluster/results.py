@@ -1,0 +1,112 @@
+"""A cluster run's results: one row per request across instances, one time series each.
+
+Per-request columns are those of a single-engine run (:func:`cbgym.metrics.requests_frame`,
+times from the request's trace arrival) plus where it ran and how its TTFT was spent:
+
+| column | meaning |
+|---|---|
+| ``prefill_instance`` / ``decode_instance`` | instance indices (-1: none) |
+| ``deflected`` | its prefill ran on a decode instance |
+| ``prefill_done_s`` | a prefill instance computed its last prompt chunk |
+| ``transfer_start_s`` / ``transfer_end_s`` / ``transfer_bytes`` | its KV transfer |
+| ``ttft_queue_s`` | arrival to first scheduled (on the instance that computes its prompt) |
+| ``ttft_prefill_s`` | first scheduled to its prompt computed (chunks, and waits between them) |
+| ``ttft_decode_wait_s`` | prompt computed on P to its transfer start (D's queue, D's blocks) |
+| ``ttft_transfer_s`` | the transfer |
+| ``ttft_first_step_s`` | transfer landed to first token (D's queue and its 1-token step) |
+
+For a request served by one instance the last three are 0 and ``ttft_prefill_s`` ends at its
+first token. The parts add up to ``ttft_s``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pandas as pd
+
+from cbgym.engine import layout as L
+from cbgym.metrics import SimulationResult, requests_frame, timeseries_frame
+
+if TYPE_CHECKING:
+    from cbgym.cluster.cluster import Cluster
+
+
+@dataclass
+class ClusterResult(SimulationResult):
+    """A :class:`~cbgym.metrics.SimulationResult` whose ``timeseries`` has an ``instance``
+    column; ``instances`` holds each instance's time series apart."""
+
+    instances: list[pd.DataFrame] = field(default_factory=list)
+
+
+def merged_table(c: Cluster) -> SimpleNamespace:
+    """The request table of the whole cluster: each column from the instance that did it."""
+    tr = c.trace
+    n = len(tr)
+    idx = np.arange(n)
+    stack = {name: np.stack([getattr(e.req, name) for e in c.engines])
+             for name in ("status", "reason_code", "first_scheduled_s", "first_token_s",
+                          "finish_s", "generated", "preemptions", "itl_max_s")}
+    first = np.where(c.prefill_instance >= 0, c.prefill_instance, c.decode_instance)
+    # the instance that ends it: D once delivered there, else where it was (P, or unified)
+    on_d = (c.decode_instance >= 0) & (stack["status"][np.maximum(c.decode_instance, 0), idx]
+                                       != L.PENDING)
+    last = np.where(on_d, c.decode_instance, first)
+    routed = first >= 0
+    f, la = np.maximum(first, 0), np.maximum(last, 0)
+    status = np.where(routed, stack["status"][la, idx], L.SHED)
+    reasons: dict[int, str] = {}
+    for rid in np.flatnonzero(routed).tolist():
+        code = stack["reason_code"][la[rid], rid]
+        if code:
+            reasons[rid] = c.engines[la[rid]].req.reasons[code]
+    reasons.update(c.router_shed)
+    nan = np.full(n, np.nan)
+    return SimpleNamespace(
+        n=n, arrival_s=tr.arrival_s, prompt=tr.prompt_tokens, output=tr.output_tokens,
+        tenant=tr.tenant, slo_class=tr.slo_class, status=status, reason=reasons,
+        first_scheduled_s=np.where(routed, stack["first_scheduled_s"][f, idx], nan),
+        first_token_s=np.where(routed, stack["first_token_s"][la, idx], nan),
+        finish_s=np.where(routed, stack["finish_s"][la, idx], tr.arrival_s),
+        generated=np.where(routed, stack["generated"][la, idx], 0),
+        itl_max_s=np.where(routed, stack["itl_max_s"][la, idx], nan),
+        preemptions=np.where(routed, stack["preemptions"].sum(axis=0), 0))
+
+
+def cluster_result(c: Cluster, meta: dict) -> ClusterResult:
+    """Turn a drained cluster into a :class:`ClusterResult`."""
+    table = merged_table(c)
+    req = requests_frame(table, c.slo)
+    disagg = c.prefill_instance >= 0
+    req["prefill_instance"] = c.prefill_instance
+    req["decode_instance"] = c.decode_instance
+    req["deflected"] = c.deflected
+    req["prefill_done_s"] = c.prefill_done_s
+    req["transfer_start_s"] = c.transfer_start_s
+    req["transfer_end_s"] = c.transfer_end_s
+    req["transfer_bytes"] = c.transfer_bytes
+    sched, first = req["first_scheduled_s"].to_numpy(), req["first_token_s"].to_numpy()
+    done = np.where(disagg, c.prefill_done_s, first)
+    req["ttft_queue_s"] = sched - req["arrival_s"].to_numpy()
+    req["ttft_prefill_s"] = done - sched
+    zero = np.zeros(len(req))
+    req["ttft_decode_wait_s"] = np.where(disagg, c.transfer_start_s - c.prefill_done_s, zero)
+    req["ttft_transfer_s"] = np.where(disagg, c.transfer_end_s - c.transfer_start_s, zero)
+    req["ttft_first_step_s"] = np.where(disagg, first - c.transfer_end_s, zero)
+    shed = req["status"] == "shed"
+    parts = ["ttft_queue_s", "ttft_prefill_s", "ttft_decode_wait_s", "ttft_transfer_s",
+             "ttft_first_step_s"]
+    req.loc[shed, parts] = np.nan
+    series = []
+    for i, eng in enumerate(c.engines):
+        ts = timeseries_frame(eng.recorder.timeseries(), eng.kv.num_blocks)
+        ts.insert(0, "instance", i)
+        series.append(ts)
+    timeseries = pd.concat(series, ignore_index=True)
+    timeseries.index.name = "row"
+    return ClusterResult(requests=req, timeseries=timeseries, iterations=None,
+                         preemption_log=None, slo=c.slo, meta=meta, instances=series)

@@ -1,0 +1,91 @@
+"""What a cluster does to one of its instances: deliver a request, release sent KV, land KV.
+
+A standalone engine never calls these. An instance of a cluster (``layout.new_state(...,
+routed=True)``) starts with an empty inbox; its cluster delivers each request it routes
+there (:func:`deliver`), in time order, and acts on the instance's outbox: a prefill
+instance reports each request whose prompt it computed (the KV is sent; :func:`release_kv`
+frees the blocks once the transfer has landed), a decode instance reports each remote
+request it has just allocated blocks for (the transfer into them starts; :func:`kv_landed`
+when it lands). vLLM's disaggregated prefill: ``../shared/reference/cluster-disaggregation.md``.
+"""
+
+from __future__ import annotations
+
+from cbgym.engine.jit import no_alloc_kernel
+from cbgym.engine.kutil import release
+from cbgym.engine.layout import (
+    ARRIVAL,
+    CHANGED,
+    CHUNK_CAP,
+    IDLED,
+    INBOX,
+    INBOX_N,
+    KEEP_KV,
+    KERNEL_POLICY,
+    OUTBOX_N,
+    OUTPUT,
+    PENDING,
+    PLAN_VALID,
+    REMOTE,
+    REMOTE_READY,
+    STATUS,
+    UNTIL,
+    WAITING,
+    State,
+)
+
+
+@no_alloc_kernel
+def deliver(s: State, rid: int, t: float, output: int, keep_kv: bool, remote: int,
+            chunk_cap: int) -> None:
+    """``rid`` arrives here at ``t`` (no earlier than the inbox's last arrival), to produce
+    ``output`` tokens (1 on a prefill instance: vLLM's proxy sends it with max_tokens=1),
+    keeping its blocks when it ends (``keep_kv``), its prompt's KV computed here or remote
+    (``layout.LOCAL`` / ``REMOTE_NEW``), at most ``chunk_cap`` prompt tokens an iteration
+    (0: the token budget's)."""
+    assert s.req[STATUS, rid] == PENDING, "a request delivered twice to one instance"
+    n = s.si[INBOX_N]
+    assert n == 0 or s.times[ARRIVAL, s.ids[INBOX, n - 1]] <= t, "deliveries out of order"
+    s.times[ARRIVAL, rid] = t
+    s.req[OUTPUT, rid] = output
+    s.req[KEEP_KV, rid] = keep_kv
+    s.req[REMOTE, rid] = remote
+    s.req[CHUNK_CAP, rid] = chunk_cap
+    s.ids[INBOX, n] = rid
+    s.si[INBOX_N] = n + 1
+    s.si[IDLED] = 0
+
+
+@no_alloc_kernel
+def release_kv(s: State, rid: int) -> None:
+    """The KV of ``rid`` (a prefill instance's, ended) has been read: free its blocks."""
+    release(s, rid)
+    s.si[PLAN_VALID] = 0
+    s.si[CHANGED] = 1
+    s.si[IDLED] = 0
+
+
+@no_alloc_kernel
+def kv_landed(s: State, rid: int) -> None:
+    """The KV of ``rid`` (waiting here for it) has landed: its 1-token step can be admitted."""
+    if s.req[STATUS, rid] == WAITING:  # (it may have been shed meanwhile)
+        s.req[REMOTE, rid] = REMOTE_READY
+        s.si[CHANGED] = 1
+        s.si[IDLED] = 0
+
+
+@no_alloc_kernel
+def decided_in_kernel(s: State, flag: bool) -> None:
+    """Mark the instance's local policy as decided in the kernel (``layout.KERNEL_POLICY``)."""
+    s.si[KERNEL_POLICY] = flag
+
+
+@no_alloc_kernel
+def set_horizon(s: State, until: float) -> None:
+    """Stop before any iteration that would start at or after ``until``; empty the outbox
+    (its events have been read)."""
+    s.sf[UNTIL] = until
+    s.si[OUTBOX_N] = 0
+
+
+__all__ = ["decided_in_kernel", "deliver", "kv_landed", "release_kv", "set_horizon"]
