@@ -218,6 +218,15 @@ def _bench_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                           "FCFS wait: starved_beyond_fcfs_max)")
     met.add_argument("--cdf-load", type=_load, default=None, metavar="RHO",
                      help="load whose latency CDFs are kept and plotted (default: the highest)")
+    clu = p.add_argument_group("cluster (docs/cluster.md)")
+    clu.add_argument("--cluster", default=None, metavar="PRESET",
+                     help="sweep routers on a cluster instead: 'Nx:MODEL/GPU' or "
+                          "'XpYd:MODEL/GPU' (e.g. 2p2d:deepseek-v2-lite/a100-80gb); --policies "
+                          "then names the one local policy of every instance")
+    clu.add_argument("--routers", type=_listed(str, "routers"), default=None,
+                     metavar="R[,R...]", help="router specs (cbgym.agents.routing.ROUTERS); "
+                     "default round-robin,least-outstanding,jsq-tokens, or on a "
+                     "disaggregated cluster always-disaggregate,dynamo,kairos")
     run = p.add_argument_group("run and output")
     run.add_argument("--workers", type=_int_at_least(1), default=None, metavar="N",
                      help="worker processes; 1 runs everything in this process (default: "
@@ -286,6 +295,10 @@ def _cmd_bench(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
     if args.trace is None:
         name, chosen = _default_trace(args.download)
         args.trace = (name,)
+    if args.cluster is not None or args.routers is not None:
+        from cbgym.cluster.cli_bench import cmd_cluster_bench
+
+        return cmd_cluster_bench(args, parser, chosen)
     cfg = _bench_config(args, parser)
     if chosen:
         print(chosen)

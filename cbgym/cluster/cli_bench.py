@@ -1,0 +1,66 @@
+"""The ``cbgym bench --cluster`` command: arguments checked first, then the sweep."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+UNIFIED_ROUTERS = ("round-robin", "least-outstanding", "jsq-tokens")
+DISAGG_ROUTERS = ("always-disaggregate", "dynamo", "kairos")
+
+
+def _fail(parser: argparse.ArgumentParser, option: str, call: Any) -> Any:
+    try:
+        return call()
+    except (ValueError, TypeError) as exc:
+        parser.error(f"{option}: {exc}")
+
+
+def cmd_cluster_bench(args: argparse.Namespace, parser: argparse.ArgumentParser,
+                      chosen: str | None) -> int:
+    from cbgym.agents.routing import make_router
+    from cbgym.bench import check_policy, resolve_trace
+    from cbgym.cluster.config import ClusterConfig
+    from cbgym.cluster.sweep import cluster_sweep, format_table
+    from cbgym.metrics import SLO
+
+    if args.cluster is None:
+        parser.error("--routers needs --cluster PRESET")
+    if args.engine != parser.get_default("engine") or any(
+            getattr(args, k) for k in ("max_num_seqs", "max_num_batched_tokens", "preemption",
+                                       "no_chunked_prefill")):
+        parser.error("--cluster names its engine (MODEL/GPU): the engine options do not apply")
+    cluster = _fail(parser, "--cluster", lambda: ClusterConfig.preset(args.cluster))
+    default = parser.get_default("policies")
+    if isinstance(default, str):  # (argparse converts a string default on parsing)
+        default = tuple(x.strip() for x in default.split(",") if x.strip())
+    given = tuple(args.policies) != tuple(default)
+    if given and len(args.policies) != 1:
+        parser.error("--policies: with --cluster give one local policy (every instance's)")
+    policy = args.policies[0] if given else "fcfs"
+    _fail(parser, "--policies", lambda: check_policy(policy))
+    routers = args.routers or (DISAGG_ROUTERS if cluster.disaggregated else UNIFIED_ROUTERS)
+    for spec in routers:
+        _fail(parser, "--routers", lambda s=spec: make_router(s))
+    if args.out:
+        out = Path(args.out)
+        if out.exists() and not out.is_dir():
+            parser.error(f"--out: {out} exists and is not a directory")
+        _fail(parser, "--out", lambda: out.mkdir(parents=True, exist_ok=True))
+    traces = {n: _fail(parser, "--trace", lambda n=n: resolve_trace(n, args.download))
+              for n in args.trace}
+    if chosen:
+        print(chosen)
+    log = None if args.quiet else (lambda msg: print(msg, file=sys.stderr))
+    results = cluster_sweep(traces, cluster, args.cluster, routers, args.loads, args.windows,
+                            args.window_requests, args.seeds, policy=policy,
+                            slo=SLO(args.ttft, args.tpot), progress=not args.quiet, log=log)
+    print(format_table(results))
+    if args.out:
+        path = Path(args.out) / "cluster_results.csv"
+        results.to_csv(path, index=False)
+        print(f"wrote {path}")
+    print(f"{len(results)} runs in {results['wall_s'].sum():.1f} s of simulation")
+    return 0
