@@ -9,8 +9,11 @@ instances) under FCFS on every instance:
 4. ``2p2d`` with ``always-disaggregate`` and with ``kairos`` (goal: at most 1.5x the single
    engine's wall time).
 
-Figures: wall seconds, engine iterations per second, and the ratio to the reference. The
-cluster env (``cbgym/Cluster-v0``) is not built yet: its steps/s are not measured here.
+Figures: wall seconds, engine iterations per second, and the ratio to the reference. Then the
+cluster env ``cbgym/Cluster-v0`` (its defaults: 2P2D DeepSeek-V2-Lite, 256-request episodes)
+with uniformly random allowed routes: steps/s single, and batched (``gym.make_vec``, sync, 4
+envs; there is no native vector env yet), beside CartPole-v1's single-env steps/s as the
+reference of a step that costs nothing.
 
     python benchmarks/bench_cluster.py [--trace NAME] [--preset MODEL/GPU] [--load 0.8]
 """
@@ -65,6 +68,41 @@ def main() -> None:
         print(f"{label:<28}{wall:>9.2f}{iters:>12.0f}{iters / wall:>12.0f}"
               f"{wall / ref_wall:>13.1f}")
     print("goal: 2p2d at most 1.5x the single engine's wall time")
+    env_speed()
+
+
+def env_speed(steps: int = 3000) -> None:
+    import gymnasium as gym
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    env = gym.make("cbgym/Cluster-v0")
+    _, info = env.reset(seed=0)
+    t, n = time.perf_counter(), 0
+    while n < steps:
+        a = int(rng.choice(np.flatnonzero(info["action_mask"])))
+        _, _, done, _, info = env.step(a)
+        n += 1
+        if done:
+            _, info = env.reset(seed=n)
+    single = n / (time.perf_counter() - t)
+    envs = gym.make_vec("cbgym/Cluster-v0", num_envs=4, vectorization_mode="sync")
+    envs.reset(seed=0)
+    t, n = time.perf_counter(), 0
+    while n < steps:
+        _, _, _, _, info = envs.step(np.zeros(4, np.int64))  # (every route is allowed)
+        n += 4
+    batched = n / (time.perf_counter() - t)
+    cart = gym.make("CartPole-v1")
+    cart.reset(seed=0)
+    t = time.perf_counter()
+    for _ in range(steps):
+        _, _, done, trunc, _ = cart.step(cart.action_space.sample())
+        if done or trunc:
+            cart.reset()
+    ref = steps / (time.perf_counter() - t)
+    print(f"cbgym/Cluster-v0 random routes: {single:.0f} steps/s single, {batched:.0f} "
+          f"steps/s batched (4 envs, sync); CartPole-v1: {ref:.0f} steps/s")
 
 
 if __name__ == "__main__":

@@ -3,8 +3,6 @@ expectation from TTFT_P and TTFT_D computed here from the formulas, independentl
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 import pytest
 
@@ -78,22 +76,6 @@ def test_idle_cluster_short_prompt_deflects() -> None:
     np.testing.assert_allclose(d, want, rtol=1e-12)
     assert list(caps) == [256, 256]
     assert make_router("kairos").route(rp) == Route.deflect(2, 256)
-
-
-def test_deflections_since_the_last_report_count_as_in_flight() -> None:
-    """Two arrivals read the same (stale) report: the second is not deflected to the decode
-    instance the first went to; a later report that shows it frees it again."""
-    from cbgym.cluster.routing import RouterContext
-
-    router = make_router("kairos")
-    router.reset(RouterContext(config=CFG))
-    assert router.route(point(256)) == Route.deflect(2, 256)
-    assert router.route(point(256)) == Route.deflect(3, 256)
-    second = router.route(point(256))
-    assert second.prefill is not None  # both taken: disaggregate
-    later = point(256)
-    later = dataclasses.replace(later, loads=dataclasses.replace(later.loads, report_s=1.0))
-    assert router.route(later) == Route.deflect(2, 256)
 
 
 def test_decode_with_a_deflected_prefill_in_flight_is_skipped() -> None:

@@ -67,13 +67,15 @@ class Cluster:
     Args:
         trace: the requests, in arrival order.
         config: pools, link and load reports.
-        router: a started :class:`~cbgym.cluster.routing.Router` (``reset`` is called here).
+        router: a :class:`~cbgym.cluster.routing.Router` (``reset`` here) for :meth:`run`;
+            None to place requests through the door yourself (:meth:`next_routing_point`,
+            :meth:`route`), as the cluster env does.
         policies: each instance's local policy (one per instance: they keep state).
         slo: the run's targets (routers see the request's TTFT and TPOT targets).
         seed: handed to the router and the local policies.
     """
 
-    def __init__(self, trace: Trace, config: ClusterConfig, router: Router,
+    def __init__(self, trace: Trace, config: ClusterConfig, router: Router | None,
                  policies: list[Policy], slo: SLOSpec | None = None, seed: int = 0,
                  record_iterations: bool = False) -> None:
         n, N = len(trace), config.num_instances
@@ -129,14 +131,28 @@ class Cluster:
         self._next = 0  # next arrival to route
         self._interval = config.load_report_interval_s
         self._loads: Loads | None = None  # the last load report taken
-        router.reset(RouterContext(config=config, seed=seed,
-                                   ttft_target_s=float(np.min(self.ttft)) if n else 0.0,
-                                   tpot_target_s=float(np.min(self.tpot)) if n else 0.0,
-                                   num_requests=n))
+        self._pending: RoutingPoint | None = None
+        # routers that read no load (round-robin) spare the cluster its load reports
+        self._reads_loads = router is None or router.reads_loads
+        if router is not None:
+            router.reset(RouterContext(config=config, seed=seed,
+                                       ttft_target_s=float(np.min(self.ttft)) if n else 0.0,
+                                       tpot_target_s=float(np.min(self.tpot)) if n else 0.0,
+                                       num_requests=n))
 
     # ------------------------------------------------------------------ the loop
     def run(self) -> None:
-        """Serve the whole trace."""
+        """Serve the whole trace, placing every request as the router says."""
+        assert self.router is not None, "Cluster.run() needs a router"
+        while (rp := self.next_routing_point()) is not None:
+            self.route(self.router.route(rp))
+
+    # ------------------------------------------------------------------ the door
+    def next_routing_point(self) -> RoutingPoint | None:
+        """Advance to the next arrival and return its routing point; None once every
+        request has been placed and the cluster has drained."""
+        if self._pending is not None:
+            return self._pending
         engines, arrival = self.engines, self.trace.arrival_s
         n = len(arrival)
         while True:
@@ -147,9 +163,12 @@ class Cluster:
             t_ext = min(t_arr, t_heap, t_link, t_rep)
             i = self._earliest_active()
             if i < 0 and t_ext == math.inf:
-                break
+                return None
             if i < 0 or t_ext <= engines[i].now:
-                self._handle(t_ext, t_link, t_heap, t_rep, t_arr)
+                if t_arr == t_ext and t_ext not in (t_heap, t_link, t_rep):
+                    self._pending = self.routing_point(self._next, t_arr)
+                    return self._pending
+                self._handle(t_ext, t_link, t_heap, t_rep)
                 continue
             until = t_ext
             if not self._asleep(i) or self._keyed[i]:
@@ -163,6 +182,15 @@ class Cluster:
             self._read_outbox(i)
             if code == L.DRAINED:
                 self.active[i] = False
+
+    def route(self, route: Route) -> None:
+        """Place the pending request (:meth:`next_routing_point`) as ``route`` says."""
+        if self._pending is None:
+            raise RuntimeError("Cluster.route() called with no pending routing point; call "
+                               "next_routing_point() first")
+        rp, self._pending = self._pending, None
+        self._place(rp.request_id, rp.now, check_route(route, self.role))
+        self._next += 1
 
     def _asleep(self, j: int) -> bool:
         """Instance j's last iteration scheduled nothing and nothing runs there. With a
@@ -183,18 +211,15 @@ class Cluster:
         """When the next load report that a router will read is taken: the last report at
         or before the next arrival, unless taken already (reports no arrival reads are
         skipped: nothing could tell). inf when routers read live load or none."""
-        if self._interval == 0 or not self.router.reads_loads or t_arr == math.inf:
+        if self._interval == 0 or not self._reads_loads or t_arr == math.inf:
             return math.inf
         r = min(math.floor(t_arr / self._interval) * self._interval, t_arr)  # (rounding)
         return r if self._loads is None or r > self._loads.report_s else math.inf
 
-    def _handle(self, t: float, t_link: float, t_heap: float, t_rep: float,
-                t_arr: float) -> None:
-        """Handle the events at time ``t``: landings, then deliveries and transfer starts,
-        then a load report, then an arrival."""
-        if t_rep == t and t_link != t and t_heap != t:
-            self._loads = self.loads(t)
-        elif t_link == t:
+    def _handle(self, t: float, t_link: float, t_heap: float, t_rep: float) -> None:
+        """Handle an event at time ``t``: landings, then deliveries and transfer starts, then
+        a load report (arrivals, after them, stop at the door)."""
+        if t_link == t:
             for rid in self.link.advance(t):
                 self._land(int(rid), t)
         elif t_heap == t:
@@ -204,8 +229,7 @@ class Cluster:
             else:
                 self._start_transfer(rid, t)
         else:
-            self._route(self._next, t_arr)
-            self._next += 1
+            self._loads = self.loads(t)
 
     def _push(self, t: float, kind: int, rid: int) -> None:
         heapq.heappush(self._events, (t, kind, self._seq, rid))
@@ -234,9 +258,7 @@ class Cluster:
             self._free_prefill(rid)
 
     # ------------------------------------------------------------------ events
-    def _route(self, rid: int, t: float) -> None:
-        rp = self.routing_point(rid, t)
-        route = check_route(self.router.route(rp), self.role)
+    def _place(self, rid: int, t: float, route: Route) -> None:
         target = route.decode if route.prefill is None else route.prefill
         if route.chunk_cap and route.shed_reason is None and not (
                 self.engines[int(target)].config.chunked_prefill):  # type: ignore[arg-type]
@@ -298,7 +320,7 @@ class Cluster:
         """The door's question for ``rid`` arriving at ``t``: load as of the last report
         (live with ``load_report_interval_s=0``; none for a router that reads none)."""
         loads = None
-        if self.router.reads_loads:
+        if self._reads_loads:
             loads = self.loads(t) if self._interval == 0 else self._loads
         return RoutingPoint(
             request_id=rid, now=t, prompt_tokens=int(self.trace.prompt_tokens[rid]),

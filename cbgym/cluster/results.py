@@ -59,6 +59,9 @@ def merged_table(c: Cluster) -> SimpleNamespace:
     routed = first >= 0
     f, la = np.maximum(first, 0), np.maximum(last, 0)
     status = np.where(routed, stack["status"][la, idx], L.SHED)
+    # done on P, not yet on D (mid-run): still in progress, not finished
+    status = np.where((c.prefill_instance >= 0) & ~on_d & (status == L.FINISHED), L.RUNNING,
+                      status)
     reasons: dict[int, str] = {}
     for rid in np.flatnonzero(routed).tolist():
         code = stack["reason_code"][la[rid], rid]

@@ -32,6 +32,9 @@ def register_envs() -> None:
     ids = [(env_id, DEFAULT_TASK, masked) for env_id, masked in ENV_IDS.items()]
     for task in TASKS.values():  # each task's ids build its env with no arguments
         ids += [(task.env_id, task.name, False), (task.masked_env_id, task.name, True)]
+    from cbgym.env.cluster_env import register_cluster_env
+
+    register_cluster_env()
     for env_id, name, masked in ids:
         if env_id not in gym.registry:
             gym.register(id=env_id, entry_point="cbgym.tasks.registry:make_env",

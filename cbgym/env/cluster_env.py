@@ -1,0 +1,234 @@
+"""``cbgym/Cluster-v0``: place requests on a simulated cluster, one routing decision per step.
+
+The agent is the cluster's router: it answers each :class:`~cbgym.cluster.RoutingPoint`
+through the same door the rule routers use (``Cluster.next_routing_point`` /
+``Cluster.route``); every instance schedules locally with its own policy (FCFS by default).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+from gymnasium import spaces
+
+from cbgym.cluster.cluster import Cluster, local_policies
+from cbgym.cluster.config import ClusterConfig
+from cbgym.cluster.routing import ROLE_CODES, Route, RoutingPoint
+from cbgym.cluster.run import cluster_capacity, resolve_cluster
+from cbgym.env.action import InvalidActionError
+from cbgym.env.observation import count_scale, time_scale
+from cbgym.metrics import SLO, slo_arrays
+from cbgym.workload.trace import Trace
+
+# per-instance features (rows of obs["instances"]), scaled as the single env scales them
+INSTANCE_FEATURES = (
+    ("unified", "flag"), ("prefill", "flag"), ("decode", "flag"),
+    ("num_waiting", "count"), ("waiting_prefill_tokens", "count"), ("num_running", "count"),
+    ("decode_batch", "count"), ("decode_context_tokens", "count"),
+    ("running_prefill_tokens", "count"), ("kv_usage", "fraction"), ("free_blocks", "count"),
+    ("transfers_in", "count"), ("transfers_out", "count"), ("incoming", "count"),
+    ("kv_held_for_transfer", "count"), ("local_prefills", "count"),
+    ("last_iteration_s", "time"))
+REQUEST_FEATURES = (("prompt_tokens", "count"), ("ttft_target_s", "time"),
+                    ("tpot_target_s", "time"), ("report_age_s", "time"))
+
+
+class ClusterEnv(gym.Env[dict[str, np.ndarray], int]):
+    """Route requests on a cluster of simulated serving instances, one request per step.
+
+    ## Description
+
+    A trace window, rescaled to an offered load relative to the cluster's measured capacity,
+    arrives at a cluster (unified replicas, or prefill and decode pools with KV transfers over
+    max-min shared NICs: ``docs/cluster.md``). At each arrival the agent picks the request's
+    route; the cluster then runs to the next arrival.
+
+    ## Action Space
+
+    ``Discrete(A)``, the routes of :attr:`routes`, in this order:
+
+    | Index | Route |
+    |---|---|
+    | one per unified instance i | ``Route.to(i)`` |
+    | one per (prefill p, decode d) pair | ``Route.disaggregate(p, d)``: prefill on p, KV to d |
+    | one per decode instance d | ``Route.deflect(d)``: d runs the prefill itself |
+    | last | ``Route.shed("shed_by_agent")`` (only with ``allow_shed=True``) |
+
+    ``action_masks()`` (bool) allows every listed route; a masked or malformed action raises
+    :class:`~cbgym.env.action.InvalidActionError`.
+
+    ## Observation Space
+
+    A ``Dict``: ``request`` (4,): the request's prompt tokens, its TTFT and TPOT targets, the
+    age of the load report; ``instances`` (N, 17): each instance's role (one-hot) and load as
+    of the last report (``cbgym.cluster.routing``'s table). Scalings as the single env's:
+    *count* ``log2(1 + x) / 24``, *time* ``log2(1 + t / 1 ms) / 32``, *fraction* as is. All in
+    [0, 1]. Content-blind: no prompt content, never a true output length.
+
+    ## Rewards
+
+    The number of requests that ended since the previous step and met the SLO (TTFT, TPOT,
+    and the worst gap between tokens with ``tbt_s``): an episode's return is its goodput.
+
+    ## Starting State and Episode End
+
+    ``reset(seed=)`` draws a window of ``episode_requests`` consecutive requests from the
+    trace's first ``train_fraction`` (by request order) and a load from ``load`` (a number, or
+    a ``(low, high)`` range drawn uniformly). The episode terminates when every request has
+    been placed and the cluster has drained (the last step's reward counts the rest).
+
+    ## Arguments
+
+    ``cluster`` (a ClusterConfig or preset), ``trace``, ``episode_requests``, ``load``, ``slo``,
+    ``policy`` (each instance's local policy), ``train_fraction``, ``allow_shed``.
+
+    ## Version History
+
+    * v0: first version. A Python loop between kernel calls: no native vector env yet
+      (``gym.make_vec`` wraps copies of it).
+    """
+
+    metadata = {"render_modes": []}
+
+    def __init__(self, cluster: ClusterConfig | str = "2p2d:deepseek-v2-lite/a100-80gb",
+                 trace: Trace | str = "synthetic-code", episode_requests: int = 256,
+                 load: float | tuple[float, float] = (0.4, 1.0),
+                 slo: SLO | None = None, policy: str = "fcfs", train_fraction: float = 0.6,
+                 allow_shed: bool = True) -> None:
+        from cbgym.simulate import resolve_policy, resolve_trace
+
+        self.config = resolve_cluster(cluster)
+        self.trace = resolve_trace(trace)
+        if isinstance(episode_requests, bool) or not isinstance(episode_requests, int) \
+                or episode_requests < 2:
+            raise ValueError(f"episode_requests={episode_requests!r}: expected an int >= 2")
+        self.n = min(episode_requests, len(self.trace))
+        lo, hi = (load, load) if isinstance(load, int | float) else tuple(load)
+        if not (0 < lo <= hi < np.inf):
+            raise ValueError(f"load={load!r}: expected a number > 0 or a (low, high) range")
+        self.load_range = (float(lo), float(hi))
+        if not 0 < train_fraction <= 1:
+            raise ValueError(f"train_fraction={train_fraction!r}: expected a fraction in (0, 1]")
+        self.train_fraction = train_fraction
+        self.slo = slo or SLO(2.0, 0.1, tbt_s=0.2)
+        resolve_policy(policy)
+        self.policy = policy
+        self.routes = self._route_table(allow_shed)
+        N = self.config.num_instances
+        self.action_space = spaces.Discrete(len(self.routes))
+        self.observation_space = spaces.Dict({
+            "request": spaces.Box(0.0, 1.0, (len(REQUEST_FEATURES),), np.float32),
+            "instances": spaces.Box(0.0, 1.0, (N, len(INSTANCE_FEATURES)), np.float32),
+        })
+        self._mask = np.ones(len(self.routes), bool)
+        for k, r in enumerate(self.routes):
+            target = r.decode if r.prefill is None else r.prefill
+            if r.chunk_cap and target is not None and \
+                    not self.config.engines[target].chunked_prefill:
+                self._mask[k] = False
+        self._mu: float | None = None
+        self.cluster: Cluster | None = None
+        self._rp: RoutingPoint | None = None
+
+    def _route_table(self, allow_shed: bool) -> list[Route]:
+        roles = self.config.roles
+        unified = [i for i, r in enumerate(roles) if r == "unified"]
+        prefill = [i for i, r in enumerate(roles) if r == "prefill"]
+        decode = [i for i, r in enumerate(roles) if r == "decode"]
+        routes = [Route.to(i) for i in unified]
+        routes += [Route.disaggregate(p, d) for p in prefill for d in decode]
+        routes += [Route.deflect(d) for d in decode]
+        if allow_shed:
+            routes.append(Route.shed("shed_by_agent"))
+        return routes
+
+    # ------------------------------------------------------------------ gymnasium API
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None
+              ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        super().reset(seed=seed)
+        from cbgym.capacity import scale_to_load
+        from cbgym.cluster.sweep import reference_router
+
+        rng = self.np_random
+        if self._mu is None:  # once: capacity by saturation on the trace's first requests
+            self._mu = cluster_capacity(self.trace, self.config, reference_router(self.config))
+        last = max(int(len(self.trace) * self.train_fraction) - self.n, 0)
+        start = int(rng.integers(0, last + 1))
+        load = float(rng.uniform(*self.load_range))
+        window = scale_to_load(self.trace.window(start, self.n), load, self.config.engines[0],
+                               capacity_rps=self._mu)
+        self.cluster = Cluster(window, self.config, None,
+                               local_policies(self.policy, self.config.num_instances),
+                               slo=self.slo, seed=int(rng.integers(2**31)))
+        ttft, tpot = slo_arrays(self.slo, window.slo_class)
+        self._targets = (ttft, tpot, self.slo.tbt_s if isinstance(self.slo, SLO) else None)
+        self._good = 0
+        self._rp = self.cluster.next_routing_point()
+        assert self._rp is not None, "an episode has requests"
+        return self._obs(self._rp), {"window_start": start, "load": load,
+                                     "action_mask": self.action_masks()}
+
+    def step(self, action: int) -> tuple[dict[str, np.ndarray], float, bool, bool,
+                                         dict[str, Any]]:
+        if self.cluster is None or self._rp is None:
+            raise RuntimeError("ClusterEnv.step() before reset() or after the episode ended")
+        try:
+            a = int(action)
+        except (TypeError, ValueError) as exc:
+            raise InvalidActionError(f"action must be an int index, got {action!r}") \
+                from exc
+        if not (0 <= a < len(self.routes)) or not self._mask[a]:
+            raise InvalidActionError(f"action {action!r} is not an allowed route (0 .. "
+                                     f"{len(self.routes) - 1}, see action_masks())")
+        self.cluster.route(self.routes[a])
+        self._rp = self.cluster.next_routing_point()
+        good = self._count_good()
+        reward, self._good = float(good - self._good), good
+        done = self._rp is None
+        obs = self._obs(self._rp) if self._rp is not None else self._last_obs
+        return obs, reward, done, False, {"num_good": good, "action_mask": self.action_masks()}
+
+    def action_masks(self) -> np.ndarray:
+        return self._mask.copy()
+
+    # ------------------------------------------------------------------ encoding
+    def _obs(self, rp: RoutingPoint) -> dict[str, np.ndarray]:
+        loads = rp.loads
+        assert loads is not None
+        cols = []
+        for name, kind in INSTANCE_FEATURES:
+            if kind == "flag":
+                cols.append((rp.role == ROLE_CODES[name]).astype(np.float64))
+                continue
+            x = np.asarray(getattr(loads, name), np.float64)
+            cols.append(count_scale(x) if kind == "count" else time_scale(x)
+                        if kind == "time" else x)
+        req = np.array([count_scale(rp.prompt_tokens), time_scale(rp.ttft_target_s),
+                        time_scale(rp.tpot_target_s), time_scale(max(rp.now - loads.report_s,
+                                                                     0.0))])
+        self._last_obs = {"request": req.astype(np.float32),
+                          "instances": np.clip(np.stack(cols, axis=1), 0, 1).astype(np.float32)}
+        return self._last_obs
+
+    def _count_good(self) -> int:
+        """Requests that have ended meeting the SLO, so far."""
+        from cbgym.cluster.results import merged_table
+        from cbgym.engine import layout as L
+        from cbgym.metrics import tpot
+
+        t = merged_table(self.cluster)  # type: ignore[arg-type]
+        ttft_t, tpot_t, tbt = self._targets
+        with np.errstate(invalid="ignore"):
+            ok = ((t.status == L.FINISHED) & (t.first_token_s - t.arrival_s <= ttft_t)
+                  & (tpot(t.first_token_s, t.finish_s, t.generated) <= tpot_t))
+            if tbt is not None:
+                ok &= t.itl_max_s <= tbt
+        return int(ok.sum())
+
+
+def register_cluster_env() -> None:
+    """Register ``cbgym/Cluster-v0`` (idempotent)."""
+    if "cbgym/Cluster-v0" not in gym.registry:
+        gym.register(id="cbgym/Cluster-v0", entry_point="cbgym.env.cluster_env:ClusterEnv")
