@@ -3,6 +3,11 @@
     python benchmarks/bench_tasks.py                        # every task, seeds 0 1
     python benchmarks/bench_tasks.py --tasks conv-study-overload --seeds 0
     python benchmarks/bench_tasks.py --split validation     # what task design looked at
+    python benchmarks/bench_tasks.py --tasks code-2p2d-deflection   # a cluster task
+
+Cluster tasks (``cbgym.tasks.cluster_tasks``) are scored the same way with routers: every
+rule router, random routes (the env's action space, sampled) and the shipped learned router
+(``learned-router:<task>``, where one is shipped).
 
 For each task: goodput per window with its 95% interval, SLO attainment, p99 TTFT and the
 normalized score of every reference, random actions and the task's shipped learned policy
@@ -47,15 +52,48 @@ def table(task: str, seeds: tuple[int, ...], split: str) -> str:
     return "\n".join(lines)
 
 
+def cluster_table(task: str, seeds: tuple[int, ...], split: str) -> str:
+    from cbgym.agents.routing.learned import CHECKPOINTS
+    from cbgym.tasks.cluster_tasks import evaluate_cluster
+
+    shipped = (CHECKPOINTS / f"router-{task}.zip").is_file()
+    learned = f"learned-router:{task}" if shipped else None
+    ev = evaluate_cluster(task, learned or "kairos", seeds=seeds, split=split)
+    rows = ["| router | goodput [95% CI] | SLO attainment | p99 TTFT (s) | score [95% CI] |",
+            "|---|---|---|---|---|"]
+    for name, r in ev.table.iterrows():
+        rows.append(f"| {name} | {r.goodput:.1f} [{r.goodput_low:.1f}, {r.goodput_high:.1f}] "
+                    f"| {r.slo_attainment:.3f} | {r.ttft_p99_s:.1f} | {r.score:.2f} "
+                    f"[{r.score_low:.2f}, {r.score_high:.2f}] |")
+    best = ev.best_reference
+    g = {k: v.mean() for k, v in ev.goodput.items()}
+    worst = min((k for k in g if k not in (RANDOM, ev.policy)), key=g.get)
+    lines = [f"### {task} ({split}: {len(ev.starts)} windows x {len(seeds)} seeds)", "",
+             *rows, "",
+             f"random routes / best reference ({best}): {g[RANDOM] / g[best]:.2f}; worst rule "
+             f"({worst}) normalized: {ev.score(worst).mean:.2f}"]
+    if learned:
+        for label, other in (("the best rule", ev.best_heuristic), ("random routes", RANDOM)):
+            d = ev.versus(other)
+            lines.append(f"{learned} minus {label} ({other}): {d.difference.mean:+.1f} "
+                         f"[{d.difference.low:+.1f}, {d.difference.high:+.1f}] (wins {d.wins}, "
+                         f"ties {d.ties}, losses {d.losses})")
+    return "\n".join(lines)
+
+
 def main() -> None:
+    from cbgym.tasks.cluster_tasks import CLUSTER_TASKS
+
+    names = [*TASKS, *CLUSTER_TASKS]
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--tasks", nargs="+", default=list(TASKS), choices=list(TASKS))
+    parser.add_argument("--tasks", nargs="+", default=names, choices=names)
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1])
     parser.add_argument("--split", default="test", choices=["test", "validation"])
     args = parser.parse_args()
     for task in args.tasks:
         t0 = time.perf_counter()
-        print(table(task, tuple(args.seeds), args.split))
+        make = cluster_table if task not in TASKS else table
+        print(make(task, tuple(args.seeds), args.split))
         print(f"({time.perf_counter() - t0:.0f} s)\n", flush=True)
 
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from gymnasium.utils.env_checker import check_env
 
-import cbgym  # noqa: F401  (registers the ids)
+import cbgym
 from cbgym.env.action import InvalidActionError
 from cbgym.env.cluster_env import ClusterEnv
 
@@ -63,16 +63,89 @@ def test_bad_actions_raise() -> None:
 
 def test_routes_cover_the_cluster() -> None:
     env = ClusterEnv(**SMALL)
-    # 2 x 2 disaggregated pairs, 2 deflections, shed
-    assert env.action_space.n == 7
+    # 2 x 2 disaggregated pairs, 2 x 5 deflections (chunk caps), shed
+    assert env.action_space.n == 15
     env = ClusterEnv(cluster="3x:llama-2-7b/a100-80gb", episode_requests=20, allow_shed=False)
     assert env.action_space.n == 3
 
 
 def test_vector_env() -> None:
     envs = gym.make_vec("cbgym/Cluster-v0", num_envs=2, vectorization_mode="sync",
-                        episode_requests=20, cluster="1p1d:llama-2-7b/a100-80gb")
+                        episode_requests=20,
+                        cluster=cbgym.ClusterConfig.preset("1p1d:llama-2-7b/a100-80gb"))
     obs, _ = envs.reset(seed=0)
     assert obs["instances"].shape == (2, 2, 17)
     envs.step(np.array([0, 1]))
     envs.close()
+
+
+def test_cluster_task_ids_and_evaluation() -> None:
+    from cbgym.tasks.cluster_tasks import CLUSTER_TASKS, ClusterTask, evaluate_cluster
+
+    for t in CLUSTER_TASKS.values():
+        env = gym.make(t.env_id)
+        assert env.unwrapped.window_range[1] <= int(8819 * 0.6)
+    small = ClusterTask("tiny", "azure-code-2023", "1p1d:llama-2-7b/a100-80gb", (0.4, 0.8),
+                        0.6, cbgym.SLO(2.0, 0.1), episode_requests=40, test_windows=2)
+    ev = evaluate_cluster(small, "kairos", references=("always-disaggregate",))
+    table = ev.table
+    assert set(table.index) == {"kairos", "always-disaggregate", "random actions"}
+    assert ev.best_heuristic in ("kairos", "always-disaggregate")
+    assert np.isfinite(ev.score().mean)
+
+
+def test_a_learned_router_acts_as_on_the_env() -> None:
+    """The router's deterministic routes through ``serve`` equal the env episode played with
+    the model's deterministic actions (one encoder, one route table)."""
+    sb3 = pytest.importorskip("sb3_contrib")
+    from cbgym.agents.routing.learned import LearnedRouter
+    from cbgym.cluster.run import serve
+
+    env = ClusterEnv(**SMALL, load=0.8)
+    model = sb3.MaskablePPO("MultiInputPolicy", env, n_steps=64, batch_size=32, seed=0)
+    model.learn(64)
+    obs, info = env.reset(seed=5)
+    done = False
+    while not done:
+        a, _ = model.predict(obs, deterministic=True, action_masks=info["action_mask"])
+        obs, _, done, _, info = env.step(int(a))
+    cluster = env.cluster
+    assert cluster is not None
+    res = serve(cluster.trace, env.config, LearnedRouter(model, deterministic=True),
+                slo=env.slo).requests
+    from cbgym.cluster.results import cluster_result
+
+    played = cluster_result(cluster, {}).requests
+    pd = pytest.importorskip("pandas")
+    pd.testing.assert_frame_equal(res, played, check_exact=True)
+
+
+def test_a_sampling_learned_router_reproduces_with_its_seed() -> None:
+    sb3 = pytest.importorskip("sb3_contrib")
+    from cbgym.agents.routing.learned import LearnedRouter
+    from cbgym.cluster.run import serve
+
+    env = ClusterEnv(**SMALL, load=0.8)
+    model = sb3.MaskablePPO("MultiInputPolicy", env, n_steps=64, batch_size=32, seed=0)
+    env.reset(seed=1)
+    tr = env.cluster.trace  # type: ignore[union-attr]
+    a = serve(tr, env.config, LearnedRouter(model), seed=3).requests
+    b = serve(tr, env.config, LearnedRouter(model), seed=3).requests
+    assert a.equals(b)
+    assert {2, 3} <= set(a["decode_instance"])  # an untrained policy spreads its draws
+
+
+def test_the_shipped_learned_router_loads_and_routes() -> None:
+    pytest.importorskip("sb3_contrib")
+    from cbgym.agents.routing import make_router
+    from cbgym.cluster.run import serve
+
+    env = gym.make("cbgym/Cluster-v0").unwrapped
+    env.reset(seed=0)
+    tr = env.cluster.trace.window(0, 60)
+    for spec in ("learned-router:code-2p2d-deflection",
+                 "learned-router:code-2p2d-deflection:deterministic"):
+        res = serve(tr, env.config, make_router(spec), slo=env.slo)
+        assert res.summary()["num_requests"] == 60
+    with pytest.raises(ValueError, match="deterministic"):
+        make_router("learned-router:code-2p2d-deflection:maybe")

@@ -31,8 +31,58 @@ INSTANCE_FEATURES = (
     ("transfers_in", "count"), ("transfers_out", "count"), ("incoming", "count"),
     ("kv_held_for_transfer", "count"), ("local_prefills", "count"),
     ("last_iteration_s", "time"))
+# chunk caps of the deflection routes (0: the decode instance's token budget), Kairos's
+# candidates below the usual 2,048-token budget
+DEFLECT_CAPS = (0, 1024, 512, 256, 128)
 REQUEST_FEATURES = (("prompt_tokens", "count"), ("ttft_target_s", "time"),
                     ("tpot_target_s", "time"), ("report_age_s", "time"))
+
+
+def route_table(config: ClusterConfig, allow_shed: bool = True) -> list[Route]:
+    """The routes of the env's ``Discrete`` action space, in index order (class docstring)."""
+    roles = config.roles
+    unified = [i for i, r in enumerate(roles) if r == "unified"]
+    prefill = [i for i, r in enumerate(roles) if r == "prefill"]
+    decode = [i for i, r in enumerate(roles) if r == "decode"]
+    routes = [Route.to(i) for i in unified]
+    routes += [Route.disaggregate(p, d) for p in prefill for d in decode]
+    routes += [Route.deflect(d, cap) for d in decode for cap in DEFLECT_CAPS]
+    if allow_shed:
+        routes.append(Route.shed("shed_by_agent"))
+    return routes
+
+
+def route_index(routes: list[Route], route: Route, budget: int) -> int:
+    """The index in ``routes`` of ``route``, a deflection's chunk cap rounded down to the
+    table's (``budget``: what cap 0 means); for imitating a rule router."""
+    if route in routes:
+        return routes.index(route)
+    if route.prefill is None and route.shed_reason is None:
+        want = route.chunk_cap or budget
+        fits = [(r.chunk_cap or budget, k) for k, r in enumerate(routes)
+                if r.prefill is None and r.decode == route.decode and r.shed_reason is None]
+        below = [x for x in fits if x[0] <= want]
+        return max(below)[1] if below else min(fits)[1]
+    raise ValueError(f"route {route} is not in the env's route table")
+
+
+def encode(rp: RoutingPoint) -> dict[str, np.ndarray]:
+    """The env's observation of a routing point (class docstring): the one encoder of
+    ``cbgym/Cluster-v0`` and of learned routers."""
+    loads = rp.loads
+    assert loads is not None, "the cluster env's router reads loads"
+    cols = []
+    for name, kind in INSTANCE_FEATURES:
+        if kind == "flag":
+            cols.append((rp.role == ROLE_CODES[name]).astype(np.float64))
+            continue
+        x = np.asarray(getattr(loads, name), np.float64)
+        cols.append(count_scale(x) if kind == "count" else time_scale(x)
+                    if kind == "time" else x)
+    req = np.array([count_scale(rp.prompt_tokens), time_scale(rp.ttft_target_s),
+                    time_scale(rp.tpot_target_s), time_scale(max(rp.now - loads.report_s, 0.0))])
+    return {"request": req.astype(np.float32),
+            "instances": np.clip(np.stack(cols, axis=1), 0, 1).astype(np.float32)}
 
 
 class ClusterEnv(gym.Env[dict[str, np.ndarray], int]):
@@ -53,7 +103,8 @@ class ClusterEnv(gym.Env[dict[str, np.ndarray], int]):
     |---|---|
     | one per unified instance i | ``Route.to(i)`` |
     | one per (prefill p, decode d) pair | ``Route.disaggregate(p, d)``: prefill on p, KV to d |
-    | one per decode instance d | ``Route.deflect(d)``: d runs the prefill itself |
+    | five per decode instance d | ``Route.deflect(d, cap)``: d runs the prefill itself, at most |
+    |   | ``cap`` prompt tokens an iteration, cap in :data:`DEFLECT_CAPS` (0: d's budget) |
     | last | ``Route.shed("shed_by_agent")`` (only with ``allow_shed=True``) |
 
     ``action_masks()`` (bool) allows every listed route; a masked or malformed action raises
@@ -74,20 +125,26 @@ class ClusterEnv(gym.Env[dict[str, np.ndarray], int]):
 
     ## Starting State and Episode End
 
-    ``reset(seed=)`` draws a window of ``episode_requests`` consecutive requests from the
-    trace's first ``train_fraction`` (by request order) and a load from ``load`` (a number, or
-    a ``(low, high)`` range drawn uniformly). The episode terminates when every request has
-    been placed and the cluster has drained (the last step's reward counts the rest).
+    ``reset(seed=)`` draws a window of ``episode_requests`` consecutive requests starting in
+    ``window_start_range`` (default: the trace's first ``train_fraction``, by request order)
+    and a load from ``load`` (a number, or a ``(low, high)`` range drawn uniformly);
+    ``options={"start": i, "load": rho}`` fixes them (evaluation). The episode terminates
+    when every request has been placed and the cluster has drained (the last step's reward
+    counts the rest).
 
     ## Arguments
 
     ``cluster`` (a ClusterConfig or preset), ``trace``, ``episode_requests``, ``load``, ``slo``,
-    ``policy`` (each instance's local policy), ``train_fraction``, ``allow_shed``.
+    ``policy`` (each instance's local policy), ``train_fraction``, ``allow_shed``,
+    ``window_start_range``, ``capacity_rps`` (the load's reference; default: measured once by
+    saturation under the reference router).
 
     ## Version History
 
-    * v0: first version. A Python loop between kernel calls: no native vector env yet
-      (``gym.make_vec`` wraps copies of it).
+    * v0: first version. ``gym.make("cbgym/Cluster-v0")`` builds the default cluster task
+      (``cbgym.tasks.cluster_tasks``); ``ClusterEnv()`` itself defaults to the embedded
+      synthetic code workload. A Python loop between kernel calls: no native vector env
+      yet (``gym.make_vec`` wraps copies of it).
     """
 
     metadata = {"render_modes": []}
@@ -96,7 +153,9 @@ class ClusterEnv(gym.Env[dict[str, np.ndarray], int]):
                  trace: Trace | str = "synthetic-code", episode_requests: int = 256,
                  load: float | tuple[float, float] = (0.4, 1.0),
                  slo: SLO | None = None, policy: str = "fcfs", train_fraction: float = 0.6,
-                 allow_shed: bool = True) -> None:
+                 allow_shed: bool = True,
+                 window_start_range: tuple[int, int] | None = None,
+                 capacity_rps: float | None = None) -> None:
         from cbgym.simulate import resolve_policy, resolve_trace
 
         self.config = resolve_cluster(cluster)
@@ -112,10 +171,17 @@ class ClusterEnv(gym.Env[dict[str, np.ndarray], int]):
         if not 0 < train_fraction <= 1:
             raise ValueError(f"train_fraction={train_fraction!r}: expected a fraction in (0, 1]")
         self.train_fraction = train_fraction
+        if window_start_range is None:
+            window_start_range = (0, int(len(self.trace) * train_fraction))
+        lo_w, hi_w = (int(x) for x in window_start_range)
+        if not 0 <= lo_w <= max(hi_w - self.n, lo_w) and hi_w <= len(self.trace):
+            raise ValueError(f"window_start_range={window_start_range!r}: expected [lo, hi) "
+                             f"inside the trace's {len(self.trace)} requests")
+        self.window_range = (lo_w, hi_w)
         self.slo = slo or SLO(2.0, 0.1, tbt_s=0.2)
         resolve_policy(policy)
         self.policy = policy
-        self.routes = self._route_table(allow_shed)
+        self.routes = route_table(self.config, allow_shed)
         N = self.config.num_instances
         self.action_space = spaces.Discrete(len(self.routes))
         self.observation_space = spaces.Dict({
@@ -128,21 +194,9 @@ class ClusterEnv(gym.Env[dict[str, np.ndarray], int]):
             if r.chunk_cap and target is not None and \
                     not self.config.engines[target].chunked_prefill:
                 self._mask[k] = False
-        self._mu: float | None = None
+        self._mu: float | None = capacity_rps
         self.cluster: Cluster | None = None
         self._rp: RoutingPoint | None = None
-
-    def _route_table(self, allow_shed: bool) -> list[Route]:
-        roles = self.config.roles
-        unified = [i for i, r in enumerate(roles) if r == "unified"]
-        prefill = [i for i, r in enumerate(roles) if r == "prefill"]
-        decode = [i for i, r in enumerate(roles) if r == "decode"]
-        routes = [Route.to(i) for i in unified]
-        routes += [Route.disaggregate(p, d) for p in prefill for d in decode]
-        routes += [Route.deflect(d) for d in decode]
-        if allow_shed:
-            routes.append(Route.shed("shed_by_agent"))
-        return routes
 
     # ------------------------------------------------------------------ gymnasium API
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None
@@ -154,9 +208,11 @@ class ClusterEnv(gym.Env[dict[str, np.ndarray], int]):
         rng = self.np_random
         if self._mu is None:  # once: capacity by saturation on the trace's first requests
             self._mu = cluster_capacity(self.trace, self.config, reference_router(self.config))
-        last = max(int(len(self.trace) * self.train_fraction) - self.n, 0)
-        start = int(rng.integers(0, last + 1))
-        load = float(rng.uniform(*self.load_range))
+        opts = options or {}
+        lo, hi = self.window_range
+        start = int(opts["start"]) if "start" in opts else int(
+            rng.integers(lo, max(hi - self.n, lo) + 1))
+        load = float(opts["load"]) if "load" in opts else float(rng.uniform(*self.load_range))
         window = scale_to_load(self.trace.window(start, self.n), load, self.config.engines[0],
                                capacity_rps=self._mu)
         self.cluster = Cluster(window, self.config, None,
@@ -195,21 +251,7 @@ class ClusterEnv(gym.Env[dict[str, np.ndarray], int]):
 
     # ------------------------------------------------------------------ encoding
     def _obs(self, rp: RoutingPoint) -> dict[str, np.ndarray]:
-        loads = rp.loads
-        assert loads is not None
-        cols = []
-        for name, kind in INSTANCE_FEATURES:
-            if kind == "flag":
-                cols.append((rp.role == ROLE_CODES[name]).astype(np.float64))
-                continue
-            x = np.asarray(getattr(loads, name), np.float64)
-            cols.append(count_scale(x) if kind == "count" else time_scale(x)
-                        if kind == "time" else x)
-        req = np.array([count_scale(rp.prompt_tokens), time_scale(rp.ttft_target_s),
-                        time_scale(rp.tpot_target_s), time_scale(max(rp.now - loads.report_s,
-                                                                     0.0))])
-        self._last_obs = {"request": req.astype(np.float32),
-                          "instances": np.clip(np.stack(cols, axis=1), 0, 1).astype(np.float32)}
+        self._last_obs = encode(rp)
         return self._last_obs
 
     def _count_good(self) -> int:
@@ -229,6 +271,13 @@ class ClusterEnv(gym.Env[dict[str, np.ndarray], int]):
 
 
 def register_cluster_env() -> None:
-    """Register ``cbgym/Cluster-v0`` (idempotent)."""
-    if "cbgym/Cluster-v0" not in gym.registry:
-        gym.register(id="cbgym/Cluster-v0", entry_point="cbgym.env.cluster_env:ClusterEnv")
+    """Register ``cbgym/Cluster-v0`` (the default cluster task) and ``cbgym/Cluster-<task>-v0``
+    for every cluster task (idempotent)."""
+    from cbgym.tasks.cluster_tasks import CLUSTER_TASKS, DEFAULT_CLUSTER_TASK
+
+    ids = [("cbgym/Cluster-v0", DEFAULT_CLUSTER_TASK)]
+    ids += [(t.env_id, name) for name, t in CLUSTER_TASKS.items()]
+    for env_id, name in ids:
+        if env_id not in gym.registry:
+            gym.register(id=env_id, entry_point="cbgym.tasks.cluster_tasks:make_cluster_env",
+                         kwargs={"task": name})
