@@ -82,9 +82,13 @@ def test_vector_env() -> None:
 def test_cluster_task_ids_and_evaluation() -> None:
     from cbgym.tasks.cluster_tasks import CLUSTER_TASKS, ClusterTask, evaluate_cluster
 
-    for t in CLUSTER_TASKS.values():
+    from cbgym.workload import load_trace
+
+    for t in CLUSTER_TASKS.values():  # training episodes never reach validation or test
         env = gym.make(t.env_id)
-        assert env.unwrapped.window_range[1] <= int(8819 * 0.6)
+        n = len(load_trace(t.trace))
+        assert env.unwrapped.window_range == t.ranges(n)["train"] == (0, int(n * 0.6))
+        assert min(t.starts(n, "test")) >= int(n * 0.7)
     small = ClusterTask("tiny", "azure-code-2023", "1p1d:llama-2-7b/a100-80gb", (0.4, 0.8),
                         0.6, cbgym.SLO(2.0, 0.1), episode_requests=40, test_windows=2)
     ev = evaluate_cluster(small, "kairos", references=("always-disaggregate",))

@@ -198,6 +198,17 @@ def test_impossible_topologies_are_rejected() -> None:
         ClusterConfig.preset("2q2d:llama-2-7b/a100-80gb")
 
 
+def test_heterogeneous_presets() -> None:
+    c = ClusterConfig.preset("2x:llama-3.1-8b/a100-80gb+2x:llama-3.1-8b/h100-80gb")
+    assert c.roles == ("unified",) * 4
+    assert [e.preset for e in c.engines] == ["llama-3.1-8b/a100-80gb"] * 2 + [
+        "llama-3.1-8b/h100-80gb"] * 2
+    c = ClusterConfig.preset("1x:llama-2-7b/a100-80gb+1p2d:llama-2-7b/a100-80gb")
+    assert c.roles == ("unified", "prefill", "decode", "decode")
+    with pytest.raises(ValueError, match=r"joined by '\+'"):
+        ClusterConfig.preset("2x:llama-2-7b/a100-80gb+")
+
+
 def test_a_request_that_fits_no_instance_is_shed_with_a_reason() -> None:
     eng = linear_engine(blocks=10)  # 160 tokens of KV
     cfg = ClusterConfig((Pool("prefill", 1, linear_engine()), Pool("decode", 1, eng)))

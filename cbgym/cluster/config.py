@@ -13,7 +13,8 @@ Roles: ``unified`` (today's engine: prefill and decode), ``prefill`` (vLLM's KV 
 
 Presets (:meth:`ClusterConfig.preset`): ``"Nx:MODEL/GPU[/tpN]"`` (N unified replicas; ``1x:`` is
 one instance) and ``"XpYd:MODEL/GPU[/tpN]"`` (X prefill and Y decode instances, e.g.
-``"2p2d:deepseek-v2-lite/a100-80gb"``, the deflection paper's setup). Sources:
+``"2p2d:deepseek-v2-lite/a100-80gb"``, the deflection paper's setup), several joined by ``+``
+for heterogeneous pools (``"2x:llama-3.1-8b/a100-80gb+2x:llama-3.1-8b/h100-80gb"``). Sources:
 ``../shared/reference/cluster-disaggregation.md``.
 """
 
@@ -160,25 +161,34 @@ class ClusterConfig:
 
     @classmethod
     def preset(cls, name: str, **overrides: object) -> ClusterConfig:
-        """``"Nx:MODEL/GPU[/tpN]"`` or ``"XpYd:MODEL/GPU[/tpN]"`` (module docstring);
-        ``overrides`` replace fields (``link=``, ``load_report_interval_s=``)."""
+        """``"Nx:MODEL/GPU[/tpN]"`` or ``"XpYd:MODEL/GPU[/tpN]"`` (module docstring), or
+        several joined by ``+`` (heterogeneous pools, e.g.
+        ``"2x:llama-3.1-8b/a100-80gb+2x:llama-3.1-8b/h100-80gb"``); ``overrides`` replace
+        fields (``link=``, ``load_report_interval_s=``)."""
         if not isinstance(name, str):
             raise TypeError(f"ClusterConfig.preset: expected a name such as "
                             f"'4x:llama-3-8b/h100-80gb', got {type(name).__name__}")
-        m = re.fullmatch(r"(\d+)x:(.+)", name) or re.fullmatch(r"(\d+)p(\d+)d:(.+)", name)
-        if m is None:
-            raise ValueError(f"ClusterConfig.preset={name!r}: expected 'Nx:MODEL/GPU' "
-                             "(N unified replicas, e.g. '4x:llama-3-8b/h100-80gb') or "
-                             "'XpYd:MODEL/GPU' (e.g. '2p2d:deepseek-v2-lite/a100-80gb')")
-        *counts, engine = m.groups()
-        if any(int(c) < 1 for c in counts):
-            raise ValueError(f"ClusterConfig.preset={name!r}: instance counts must be >= 1")
-        try:
-            cfg = EngineConfig(preset=engine)
-        except ValueError as exc:
-            raise ValueError(f"ClusterConfig.preset={name!r}: {exc}") from None
-        if len(counts) == 1:
-            pools: tuple[Pool, ...] = (Pool("unified", int(counts[0]), cfg),)
-        else:
-            pools = (Pool("prefill", int(counts[0]), cfg), Pool("decode", int(counts[1]), cfg))
+        pools: tuple[Pool, ...] = ()
+        for part in name.split("+"):
+            pools += _preset_pools(name, part)
         return cls(pools, **overrides)  # type: ignore[arg-type]
+
+
+def _preset_pools(name: str, part: str) -> tuple[Pool, ...]:
+    """The pools of one ``Nx:`` or ``XpYd:`` part of preset ``name``."""
+    m = re.fullmatch(r"(\d+)x:(.+)", part) or re.fullmatch(r"(\d+)p(\d+)d:(.+)", part)
+    if m is None:
+        raise ValueError(f"ClusterConfig.preset={name!r}: expected 'Nx:MODEL/GPU' "
+                         "(N unified replicas, e.g. '4x:llama-3-8b/h100-80gb') or "
+                         "'XpYd:MODEL/GPU' (e.g. '2p2d:deepseek-v2-lite/a100-80gb'), several "
+                         "joined by '+'")
+    *counts, engine = m.groups()
+    if any(int(c) < 1 for c in counts):
+        raise ValueError(f"ClusterConfig.preset={name!r}: instance counts must be >= 1")
+    try:
+        cfg = EngineConfig(preset=engine)
+    except ValueError as exc:
+        raise ValueError(f"ClusterConfig.preset={name!r}: {exc}") from None
+    if len(counts) == 1:
+        return (Pool("unified", int(counts[0]), cfg),)
+    return Pool("prefill", int(counts[0]), cfg), Pool("decode", int(counts[1]), cfg)

@@ -21,8 +21,9 @@ from cbgym.metrics import SLO
 from cbgym.tasks.evaluate import RANDOM, Evaluation
 from cbgym.tasks.registry import Task
 
+BALANCERS = ("round-robin", "random", "least-outstanding", "jsq-tokens", "power-of-two")
 RULES = ("always-disaggregate", "never-disaggregate", "dynamo", "llm-d", "kairos",
-         "kairos-transfer", "round-robin", "least-outstanding", "jsq-tokens", "power-of-two")
+         "kairos-transfer", *BALANCERS)
 
 
 @dataclass(frozen=True)
@@ -71,6 +72,14 @@ CLUSTER_TASKS = {t.name: t for t in (
     # rules that keep prefills on one pool fall to 60% of Kairos's goodput
     ClusterTask("code-2p2d-deflection", "azure-code-2023", "2p2d:deepseek-v2-lite/a100-80gb",
                 train_load=(1.5, 2.5), test_load=2.0, slo=SLO(2.0, 0.1, tbt_s=0.2)),
+    # four replicas on two GPU generations under interactive targets: a router that ignores
+    # the A100s' lower speed (round-robin) queues there. Load 2.5 of the cluster's burst
+    # capacity under round-robin, SLO 500 ms / 50 ms, chosen on validation windows (at 1.5
+    # every balancer is within 5% of the others)
+    ClusterTask("conv-4x-hetero-routing", "azure-conv-2023",
+                "2x:llama-3.1-8b/a100-80gb+2x:llama-3.1-8b/h100-80gb",
+                train_load=(2.0, 3.0), test_load=2.5, slo=SLO(0.5, 0.05), test_windows=8,
+                references=BALANCERS),
 )}
 DEFAULT_CLUSTER_TASK = "code-2p2d-deflection"
 
