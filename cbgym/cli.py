@@ -227,6 +227,8 @@ def _bench_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                      metavar="R[,R...]", help="router specs (cbgym.agents.routing.ROUTERS); "
                      "default round-robin,least-outstanding,jsq-tokens, or on a "
                      "disaggregated cluster always-disaggregate,dynamo,kairos")
+    clu.add_argument("--tbt", type=_positive_float, default=None, metavar="S",
+                     help="also require each request's worst gap between tokens <= S")
     run = p.add_argument_group("run and output")
     run.add_argument("--workers", type=_int_at_least(1), default=None, metavar="N",
                      help="worker processes; 1 runs everything in this process (default: "

@@ -71,13 +71,13 @@ def meets_slo(requests: pd.DataFrame, slo: SLOSpec) -> np.ndarray:
     finished = (requests["status"] == "finished").to_numpy()
     with np.errstate(invalid="ignore"):
         ok = (requests["ttft_s"].to_numpy() <= ttft_t) & (requests["tpot_s"].to_numpy() <= tpot_t)
-        tbt = _tbt_targets(slo, requests["slo_class"].to_numpy())
+        tbt = tbt_targets(slo, requests["slo_class"].to_numpy())
         if tbt is not None and "itl_max_s" in requests:
             ok &= requests["itl_max_s"].to_numpy() <= tbt
     return finished & ok
 
 
-def _tbt_targets(slo: SLOSpec, slo_class: np.ndarray) -> np.ndarray | None:
+def tbt_targets(slo: SLOSpec, slo_class: np.ndarray) -> np.ndarray | None:
     """Per-request TBT targets (inf where a class has none); None if no class has one."""
     slos = [slo] if isinstance(slo, SLO) else list(slo.values())
     if all(s.tbt_s is None for s in slos):

@@ -23,6 +23,9 @@ def run(*argv: str) -> int:
      "engine options"),
     (("--cluster", "1x:llama-2-7b/a100-80gb", "--policies", "fcfs,sjf-ctx"),
      "one local policy"),
+    (("--cluster", "2x:llama-2-7b/a100-80gb", "--routers", "round-robin,kairos"),
+     "needs prefill and decode pools"),
+    (("--cluster", "1x:llama-2-7b/a100-80gb", "--workers", "2"), "not used with --cluster"),
 ])
 def test_bad_arguments_fail_fast(argv: tuple[str, ...], message: str,
                                  capsys: pytest.CaptureFixture[str]) -> None:

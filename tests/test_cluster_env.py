@@ -20,21 +20,30 @@ def test_checker_is_clean_with_default_arguments() -> None:
 
 
 def play(env: ClusterEnv, seed: int, rule: str = "random") -> tuple[float, int]:
+    """One episode; every step's reward is the goodput of the requests that ended since the
+    previous step (never negative: a request done on its prefill instance is not yet done)."""
+    from cbgym.cluster.results import cluster_result
+    from cbgym.metrics import meets_slo
+
     _, info = env.reset(seed=seed)
     rng = np.random.default_rng(seed)
     ret, steps, done = 0.0, 0, False
     while not done:
         allowed = np.flatnonzero(info["action_mask"])
         a = int(rng.choice(allowed)) if rule == "random" else int(allowed[0])
-        _, r, done, trunc, info = env.step(a)
-        assert not trunc
+        _, r, done, trunc, info = env.step(np.int64(a))
+        assert not trunc and r >= 0
         ret += r
         steps += 1
+        if steps % 10 == 0 and not done:  # so far: the requests ended meeting the SLO
+            req = cluster_result(env.cluster, {}).requests  # type: ignore[arg-type]
+            ended = req["finish_s"].notna() & req["status"].isin(["finished", "shed"])
+            assert ret == meets_slo(req[ended], env.slo).sum()
     return ret, steps
 
 
 def test_an_episode_routes_every_request_and_returns_its_goodput() -> None:
-    env = ClusterEnv(**SMALL)
+    env = ClusterEnv(**SMALL, load=1.5)
     ret, steps = play(env, 0)
     assert steps == 40
     res = env.cluster
@@ -52,13 +61,56 @@ def test_same_seed_same_episode() -> None:
     assert play(a, 3) == play(b, 3)
 
 
-def test_bad_actions_raise() -> None:
+def test_bad_actions_and_arguments_raise() -> None:
     env = ClusterEnv(**SMALL)
     env.reset(seed=0)
-    with pytest.raises(InvalidActionError):
-        env.step(env.action_space.n)
-    with pytest.raises(InvalidActionError):
-        env.step("x")  # type: ignore[arg-type]
+    for bad in (env.action_space.n, "x", 2.7, True):
+        with pytest.raises(InvalidActionError):
+            env.step(bad)  # type: ignore[arg-type]
+    for kwargs, match in (({"window_start_range": (0, 10**6)}, "window_start_range"),
+                          ({"window_start_range": (300, 100)}, "window_start_range"),
+                          ({"episode_requests": 10**6, "window_start_range": (0, 100)},
+                           "window_start_range"),
+                          ({"load": "1"}, "load"), ({"load": True}, "load"),
+                          ({"capacity_rps": 0}, "capacity_rps")):
+        with pytest.raises(ValueError, match=match):
+            ClusterEnv(**{**SMALL, **kwargs})
+
+
+def test_the_router_sees_what_the_env_shows() -> None:
+    """Replaying an episode's actions through ``serve``, a recording router sees the same
+    observation, step for step (the one encoder)."""
+    from cbgym.cluster.routing import Router
+    from cbgym.cluster.run import serve
+    from cbgym.env.cluster_env import encode
+
+    env = ClusterEnv(**SMALL, load=1.2)
+    obs, info = env.reset(seed=2)
+    rng = np.random.default_rng(2)
+    shown, actions, done = [obs], [], False
+    while not done:
+        a = int(rng.choice(np.flatnonzero(info["action_mask"])))
+        actions.append(a)
+        obs, _, done, _, info = env.step(a)
+        shown.append(obs)
+
+    class Replay(Router):
+        name = "replay"
+
+        def reset(self, ctx):  # type: ignore[no-untyped-def]
+            self.k, self.seen = 0, []
+
+        def route(self, rp):  # type: ignore[no-untyped-def]
+            self.seen.append(encode(rp))
+            self.k += 1
+            return env.routes[actions[self.k - 1]]
+
+    rt = Replay()
+    serve(env.cluster.trace, env.config, rt, slo=env.slo)  # type: ignore[union-attr]
+    assert len(rt.seen) == len(actions)
+    for a, b in zip(rt.seen, shown[:-1], strict=True):
+        for key in a:
+            np.testing.assert_array_equal(a[key], b[key])
 
 
 def test_routes_cover_the_cluster() -> None:
@@ -81,7 +133,6 @@ def test_vector_env() -> None:
 
 def test_cluster_task_ids_and_evaluation() -> None:
     from cbgym.tasks.cluster_tasks import CLUSTER_TASKS, ClusterTask, evaluate_cluster
-
     from cbgym.workload import load_trace
 
     for t in CLUSTER_TASKS.values():  # training episodes never reach validation or test

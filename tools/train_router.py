@@ -37,8 +37,19 @@ def main() -> None:
     ap.add_argument("--ship", action="store_true",
                     help="also copy the model to cbgym/agents/checkpoints/router-TASK.zip")
     args = ap.parse_args()
-    if args.steps < 0 or args.envs < 1 or args.demo_steps < 1 or args.epochs < 0:
-        ap.error("--steps and --epochs must be >= 0, --envs and --demo-steps >= 1")
+    if args.steps < 0 or args.envs < 1 or args.epochs < 0 or not args.lr > 0:
+        ap.error("--steps and --epochs must be >= 0, --envs >= 1, --lr > 0")
+    if args.imitate:
+        from cbgym.agents.routing import make_router
+        from cbgym.cluster.routing import RouterContext
+
+        if args.demo_steps < 1:
+            ap.error("--demo-steps must be >= 1")
+        try:
+            make_router(args.imitate).reset(RouterContext(
+                config=CLUSTER_TASKS[args.task].cluster_config()))
+        except (ValueError, TypeError) as exc:
+            ap.error(f"--imitate: {exc}")
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         ap.error(f"--out: {out} is not a directory")
@@ -47,6 +58,7 @@ def main() -> None:
     import gymnasium as gym
     import torch
     from sb3_contrib import MaskablePPO
+    from stable_baselines3.common.monitor import Monitor
     from stable_baselines3.common.vec_env import DummyVecEnv
 
     from cbgym.agents.routing.learned import CHECKPOINTS, LearnedRouter
@@ -54,12 +66,8 @@ def main() -> None:
 
     torch.set_num_threads(1)
     task = CLUSTER_TASKS[args.task]
-    envs = DummyVecEnv([lambda: gym.make(task.env_id).unwrapped for _ in range(args.envs)])
-    if args.imitate:
-        from cbgym.agents.routing import make_router
-
-        _fail = make_router(args.imitate)  # a bad spec fails before any work
-        del _fail
+    envs = DummyVecEnv([lambda: Monitor(gym.make(task.env_id).unwrapped)
+                        for _ in range(args.envs)])
     model = MaskablePPO("MultiInputPolicy", envs, n_steps=1024, batch_size=256,
                         learning_rate=args.lr, gamma=0.999, ent_coef=0.01, seed=args.seed,
                         verbose=0, tensorboard_log=str(out / "tb"))
@@ -82,9 +90,19 @@ def main() -> None:
           f"{ev.goodput[best].mean():.1f}, difference {d.difference.mean:+.1f} "
           f"[{d.difference.low:+.1f}, {d.difference.high:+.1f}]")
     if args.ship:
+        import json
+        import sys
+
         target = CHECKPOINTS / f"router-{args.task}.zip"
         model.save(target)
-        print(f"shipped {target}")
+        card = {"task": args.task, "algo": "maskable_ppo",
+                "command": "python tools/train_router.py " + " ".join(sys.argv[1:]),
+                "validation_goodput": {k: float(v.mean()) for k, v in ev.goodput.items()},
+                "trained_on": f"training windows of {task.trace}, loads {task.train_load}",
+                "acts": "routes drawn from the policy's distribution, seeded by the run's "
+                        "seed; ':deterministic' takes the most likely"}
+        target.with_suffix(".json").write_text(json.dumps(card, indent=2) + "\n")
+        print(f"shipped {target} and its card")
 
 
 def demonstrate(env, spec: str, steps: int, seed: int):  # type: ignore[no-untyped-def]
@@ -98,7 +116,6 @@ def demonstrate(env, spec: str, steps: int, seed: int):  # type: ignore[no-untyp
 
     rows: dict[str, list] = {"request": [], "instances": []}
     acts: list[int] = []
-    budget = env.config.engines[0].max_num_batched_tokens
     episode = 0
     while len(acts) < steps:
         obs, _ = env.reset(seed=seed + episode)
@@ -106,7 +123,7 @@ def demonstrate(env, spec: str, steps: int, seed: int):  # type: ignore[no-untyp
         router.reset(RouterContext(config=env.config, seed=seed + episode))
         done = False
         while not done:
-            a = route_index(env.routes, router.route(env._rp), budget)
+            a = route_index(env.routes, router.route(env._rp), env._rp)
             for k in rows:
                 rows[k].append(obs[k])
             acts.append(a)

@@ -41,9 +41,21 @@ def cmd_cluster_bench(args: argparse.Namespace, parser: argparse.ArgumentParser,
         parser.error("--policies: with --cluster give one local policy (every instance's)")
     policy = args.policies[0] if given else "fcfs"
     _fail(parser, "--policies", lambda: check_policy(policy))
+    ignored = [opt for opt, dest in (("--capacity-sample", "capacity_sample"),
+                                     ("--warmup", "warmup"), ("--workers", "workers"),
+                                     ("--cdf-load", "cdf_load"), ("--no-plots", "no_plots"),
+                                     ("--starvation-multiple", "starvation_multiple"))
+               if getattr(args, dest) != parser.get_default(dest)]
+    if ignored:
+        parser.error(f"{', '.join(ignored)}: not used with --cluster (one process, no study "
+                     "metrics or plots; the capacity is measured on the window's first 4,000 "
+                     "requests under the reference router)")
     routers = args.routers or (DISAGG_ROUTERS if cluster.disaggregated else UNIFIED_ROUTERS)
-    for spec in routers:
-        _fail(parser, "--routers", lambda s=spec: make_router(s))
+    from cbgym.cluster.routing import RouterContext
+
+    for spec in routers:  # a router that cannot serve this cluster fails here, not mid-sweep
+        _fail(parser, "--routers",
+              lambda s=spec: make_router(s).reset(RouterContext(config=cluster)))
     if args.out:
         out = Path(args.out)
         if out.exists() and not out.is_dir():
@@ -56,7 +68,8 @@ def cmd_cluster_bench(args: argparse.Namespace, parser: argparse.ArgumentParser,
     log = None if args.quiet else (lambda msg: print(msg, file=sys.stderr))
     results = cluster_sweep(traces, cluster, args.cluster, routers, args.loads, args.windows,
                             args.window_requests, args.seeds, policy=policy,
-                            slo=SLO(args.ttft, args.tpot), progress=not args.quiet, log=log)
+                            slo=SLO(args.ttft, args.tpot, tbt_s=args.tbt),
+                            progress=not args.quiet, log=log)
     print(format_table(results))
     if args.out:
         path = Path(args.out) / "cluster_results.csv"

@@ -19,7 +19,7 @@ from cbgym.cluster.routing import ROLE_CODES, Route, RoutingPoint
 from cbgym.cluster.run import cluster_capacity, resolve_cluster
 from cbgym.env.action import InvalidActionError
 from cbgym.env.observation import count_scale, time_scale
-from cbgym.metrics import SLO, slo_arrays
+from cbgym.metrics import SLO, slo_arrays, tbt_targets
 from cbgym.workload.trace import Trace
 
 # per-instance features (rows of obs["instances"]), scaled as the single env scales them
@@ -52,13 +52,19 @@ def route_table(config: ClusterConfig, allow_shed: bool = True) -> list[Route]:
     return routes
 
 
-def route_index(routes: list[Route], route: Route, budget: int) -> int:
-    """The index in ``routes`` of ``route``, a deflection's chunk cap rounded down to the
-    table's (``budget``: what cap 0 means); for imitating a rule router."""
+def route_index(routes: list[Route], route: Route, rp: RoutingPoint) -> int:
+    """The index in ``routes`` of ``route`` (for imitating a rule router): a deflection's
+    chunk cap rounded down to the table's, a cap that leaves no room beside the decode
+    instance's decodes as the uncapped route (Kairos caps at its budget less its decodes);
+    a shed for any reason as the shed route."""
     if route in routes:
         return routes.index(route)
-    if route.prefill is None and route.shed_reason is None:
-        want = route.chunk_cap or budget
+    if route.shed_reason is not None:
+        return next(k for k, r in enumerate(routes) if r.shed_reason is not None)
+    if route.prefill is None and route.decode is not None:
+        budget = rp.config.engines[route.decode].max_num_batched_tokens
+        room = budget - (int(rp.loads.decode_batch[route.decode]) if rp.loads else 0)
+        want = budget if not route.chunk_cap or route.chunk_cap >= room else route.chunk_cap
         fits = [(r.chunk_cap or budget, k) for k, r in enumerate(routes)
                 if r.prefill is None and r.decode == route.decode and r.shed_reason is None]
         below = [x for x in fits if x[0] <= want]
@@ -107,7 +113,8 @@ class ClusterEnv(gym.Env[dict[str, np.ndarray], int]):
     |   | ``cap`` prompt tokens an iteration, cap in :data:`DEFLECT_CAPS` (0: d's budget) |
     | last | ``Route.shed("shed_by_agent")`` (only with ``allow_shed=True``) |
 
-    ``action_masks()`` (bool) allows every listed route; a masked or malformed action raises
+    ``action_masks()`` (bool) allows every listed route (a chunk-capped deflection only onto an
+instance with chunked prefill); a masked or malformed action raises
     :class:`~cbgym.env.action.InvalidActionError`.
 
     ## Observation Space
@@ -164,9 +171,20 @@ class ClusterEnv(gym.Env[dict[str, np.ndarray], int]):
                 or episode_requests < 2:
             raise ValueError(f"episode_requests={episode_requests!r}: expected an int >= 2")
         self.n = min(episode_requests, len(self.trace))
-        lo, hi = (load, load) if isinstance(load, int | float) else tuple(load)
+        lo = hi = np.nan
+        if isinstance(load, int | float) and not isinstance(load, bool):
+            lo = hi = float(load)
+        elif not isinstance(load, str | bool):
+            try:
+                lo, hi = (float(x) for x in load)  # type: ignore[union-attr]
+            except (TypeError, ValueError):
+                pass
         if not (0 < lo <= hi < np.inf):
             raise ValueError(f"load={load!r}: expected a number > 0 or a (low, high) range")
+        if capacity_rps is not None and not (isinstance(capacity_rps, int | float)
+                                             and 0 < capacity_rps < np.inf):
+            raise ValueError(f"capacity_rps={capacity_rps!r}: expected requests/s > 0 "
+                             "(None: measured)")
         self.load_range = (float(lo), float(hi))
         if not 0 < train_fraction <= 1:
             raise ValueError(f"train_fraction={train_fraction!r}: expected a fraction in (0, 1]")
@@ -174,9 +192,10 @@ class ClusterEnv(gym.Env[dict[str, np.ndarray], int]):
         if window_start_range is None:
             window_start_range = (0, int(len(self.trace) * train_fraction))
         lo_w, hi_w = (int(x) for x in window_start_range)
-        if not 0 <= lo_w <= max(hi_w - self.n, lo_w) and hi_w <= len(self.trace):
-            raise ValueError(f"window_start_range={window_start_range!r}: expected [lo, hi) "
-                             f"inside the trace's {len(self.trace)} requests")
+        if not (0 <= lo_w and lo_w + self.n <= hi_w <= len(self.trace)):
+            raise ValueError(f"window_start_range={window_start_range!r}: expected a range "
+                             f"[lo, hi) inside the trace's {len(self.trace)} requests that "
+                             f"holds an episode of {self.n} requests (episode_requests)")
         self.window_range = (lo_w, hi_w)
         self.slo = slo or SLO(2.0, 0.1, tbt_s=0.2)
         resolve_policy(policy)
@@ -219,7 +238,7 @@ class ClusterEnv(gym.Env[dict[str, np.ndarray], int]):
                                local_policies(self.policy, self.config.num_instances),
                                slo=self.slo, seed=int(rng.integers(2**31)))
         ttft, tpot = slo_arrays(self.slo, window.slo_class)
-        self._targets = (ttft, tpot, self.slo.tbt_s if isinstance(self.slo, SLO) else None)
+        self._targets = (ttft, tpot, tbt_targets(self.slo, window.slo_class))
         self._good = 0
         self._rp = self.cluster.next_routing_point()
         assert self._rp is not None, "an episode has requests"
@@ -230,11 +249,11 @@ class ClusterEnv(gym.Env[dict[str, np.ndarray], int]):
                                          dict[str, Any]]:
         if self.cluster is None or self._rp is None:
             raise RuntimeError("ClusterEnv.step() before reset() or after the episode ended")
-        try:
-            a = int(action)
-        except (TypeError, ValueError) as exc:
-            raise InvalidActionError(f"action must be an int index, got {action!r}") \
-                from exc
+        if not (isinstance(action, int | np.integer) and not isinstance(action, bool)) and not (
+                isinstance(action, np.ndarray) and action.shape == ()
+                and np.issubdtype(action.dtype, np.integer)):
+            raise InvalidActionError(f"action must be an int index, got {action!r}")
+        a = int(action)
         if not (0 <= a < len(self.routes)) or not self._mask[a]:
             raise InvalidActionError(f"action {action!r} is not an allowed route (0 .. "
                                      f"{len(self.routes) - 1}, see action_masks())")

@@ -1,8 +1,9 @@
 """``learned-router:NAME|PATH``: a MaskablePPO model trained on ``cbgym/Cluster-v0`` as a router.
 
 It sees each routing point through the env's own encoder (:func:`cbgym.env.cluster_env.encode`)
-and picks the most likely allowed route of the env's table
-(:func:`cbgym.env.cluster_env.route_table`), so the cluster run and the env episode agree.
+and draws an allowed route of the env's table (:func:`cbgym.env.cluster_env.route_table`)
+from the policy's distribution, or takes the most likely (``:deterministic``), so the cluster
+run and the env episode agree.
 Shipped checkpoints: ``cbgym/agents/checkpoints/router-<task>.zip`` (``learned-router:<task>``).
 """
 
@@ -39,8 +40,7 @@ class LearnedRouter(Router):
         model: a shipped task name, a zip path, or a loaded model.
         deterministic: take the most likely route; by default the route is drawn from the
             policy's distribution, as in training, with a generator seeded by the run's seed
-            (so a run reproduces). A policy that balances load by sampling (as the shipped
-            one does: its most likely route is one fixed route) needs the draw.
+            (so a run reproduces): the shipped routers were measured that way.
     """
 
     name = "learned-router"
@@ -71,8 +71,10 @@ class LearnedRouter(Router):
         from cbgym.env.cluster_env import route_table
 
         super().reset(ctx)
-        self.routes = route_table(ctx.config, allow_shed=True)
         n = int(self.model.action_space.n)
+        # a model trained with allow_shed=False has one action less
+        self.routes = route_table(ctx.config, allow_shed=n != len(route_table(ctx.config,
+                                                                               False)))
         if n != len(self.routes):
             raise ValueError(f"router {self.label!r}: the model has {n} actions, this cluster "
                              f"{len(self.routes)} routes (trained on another cluster)")
