@@ -343,3 +343,87 @@ def test_local_policies_on_prefill_and_decode_instances(seed: int, policy: str,
     if policy != "slo-edf":  # (asked outside the kernel, it re-checks every idle tick)
         _, ref = run_fixed(tr, cfg, routes, policy=policy, lock_step=True)
         pd.testing.assert_frame_equal(res, ref, check_exact=True)
+
+
+def test_kv_reserved_at_transfer_start_and_freed_at_transfer_end() -> None:
+    """At each transfer start D already holds blocks for the whole prompt and P still holds
+    its copy; when the last transfer lands P frees exactly that copy, and D keeps its
+    blocks."""
+    from cbgym.agents.routing import make_router
+    from cbgym.cluster.cluster import Cluster, local_policies
+
+    cfg = ClusterConfig((Pool("prefill", 2, linear_engine(blocks=300)),
+                         Pool("decode", 2, linear_engine(blocks=200))),
+                        LinkConfig(nic_gbps=2.0, setup_s=1e-3), load_report_interval_s=0)
+    tr = random_trace(7, n=80, span=4.0, long=1500)
+    c = Cluster(tr, cfg, make_router("always-disaggregate"), local_policies("fcfs", 4))
+    seen = {"starts": 0, "lands": 0}
+    send, landed = c.kv._send, c.kv.landed
+
+    def blocks(i: int, rid: int) -> int:
+        return -(-int(tr.prompt_tokens[rid]) // c.engines[i].config.block_size)
+
+    def checked_send(rid: int, t: float) -> None:
+        p, d = int(c.prefill_instance[rid]), int(c.decode_instance[rid])
+        assert c.engines[d].state.req[L.HELD, rid] == blocks(d, rid)
+        assert c.engines[p].state.req[L.HELD, rid] == blocks(p, rid)
+        seen["starts"] += 1
+        send(rid, t)
+
+    def checked_landed(tid: int, t: float) -> None:
+        rid = c.kv.tid_rid[tid]
+        p, d = int(c.prefill_instance[rid]), int(c.decode_instance[rid])
+        free = int(c.engines[p].state.si[L.FREE])
+        landed(tid, t)
+        assert c.engines[p].state.req[L.HELD, rid] == 0
+        assert c.engines[p].state.si[L.FREE] == free + blocks(p, rid)
+        assert c.engines[d].state.req[L.HELD, rid] == blocks(d, rid)
+        seen["lands"] += 1
+
+    c.kv._send, c.kv.landed = checked_send, checked_landed  # type: ignore[method-assign]
+    c.run()
+    assert seen["starts"] == seen["lands"] > 50
+
+
+def test_pipelined_link_by_hand() -> None:
+    """1P1D, zero setup, linear cost, 512-token budget: a 1,500-token prompt is computed in
+    chunks of 512, 512 and 476; each chunk's KV moves while P computes the next, so TTFT =
+    the three prefill iterations + the last chunk's transfer + D's 1-token step."""
+    a, b = 0.01, 1e-4
+    eng = EngineConfig(preset=None, cost_model=LinearCostModel(a, b, 2e-4), num_kv_blocks=1000,
+                       block_size=16, kv_bytes_per_token=1000, max_num_batched_tokens=512)
+    cfg = {m: ClusterConfig((Pool("prefill", 1, eng), Pool("decode", 1, eng)),
+                            LinkConfig(nic_gbps=8.0, setup_s=0.0, mode=m),
+                            load_report_interval_s=0) for m in ("bulk", "pipelined")}
+    tr = Trace.from_arrays(np.array([0.0]), np.array([1500]), np.array([3]), name="one")
+    prefill = 3 * a + b * 1500
+    step = a + b
+    res = {m: serve(tr, c, "always-disaggregate").requests.iloc[0] for m, c in cfg.items()}
+    assert res["bulk"]["ttft_s"] == pytest.approx(prefill + 1500 * 1000 / 1e9 + step, rel=1e-12)
+    assert res["pipelined"]["ttft_s"] == pytest.approx(prefill + 476 * 1000 / 1e9 + step,
+                                                       rel=1e-12)
+    assert res["pipelined"]["transfer_bytes"] == res["bulk"]["transfer_bytes"] == 1_500_000
+    assert res["pipelined"]["ttft_transfer_s"] == pytest.approx(476e-6, rel=1e-9)
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 10_000), blocks=st.integers(60, 300),
+       policy=st.sampled_from(["fcfs", "slo-edf"]))
+def test_pipelined_invariants(seed: int, blocks: int, policy: str) -> None:
+    """Pipelined transfers over random clusters and routes (P or D too small for some
+    prompts, D's policy shedding): everything ends, every block comes back."""
+    cfg = ClusterConfig((Pool("prefill", 2, linear_engine(blocks=blocks)),
+                         Pool("decode", 2, linear_engine(blocks=blocks // 2 + 20))),
+                        LinkConfig(nic_gbps=0.5, setup_s=1e-3, mode="pipelined"),
+                        load_report_interval_s=0)
+    tr = random_trace(seed, n=50, span=2.0, long=1500)
+    rng = np.random.default_rng(seed)
+    routes = [Route.disaggregate(int(rng.integers(2)), 2 + int(rng.integers(2)))
+              if rng.random() < 0.8 else Route.deflect(2 + int(rng.integers(2)))
+              for _ in range(len(tr))]
+    c, res = run_fixed(tr, cfg, routes, policy=policy)
+    assert res["status"].isin(["finished", "shed"]).all()
+    for eng in c.engines:  # type: ignore[attr-defined]
+        assert eng.state.si[L.FREE] == eng.kv.num_blocks
+    _, ref = run_fixed(tr, cfg, routes, policy=policy, lock_step=policy == "fcfs")
+    pd.testing.assert_frame_equal(res, ref, check_exact=True)

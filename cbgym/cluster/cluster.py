@@ -36,6 +36,7 @@ import math
 import numpy as np
 
 from cbgym.cluster.config import ClusterConfig
+from cbgym.cluster.kv import Handoff
 from cbgym.cluster.link import Link
 from cbgym.cluster.routing import (
     LOAD_FIELDS,
@@ -56,8 +57,9 @@ from cbgym.engine.jit import bind
 from cbgym.metrics import SLO, SLOSpec, slo_arrays
 from cbgym.workload.trace import Trace
 
-# event kinds, in the order events of one instant are handled
-_DELIVER, _TRANSFER = 1, 2
+# event kinds, in the order events of one instant are handled: a prompt chunk done on P, P's
+# last chunk, P shed it, D allocated its blocks, D shed it
+_CHUNK, _DONE, _P_SHED, _ALLOC, _D_SHED = 1, 2, 3, 4, 5
 NOT_ROUTED = -1
 
 
@@ -101,9 +103,7 @@ class Cluster:
         for eng, keyed in zip(self.engines, self._keyed, strict=True):
             handoff.decided_in_kernel(eng.state, keyed)
         s0 = self.engines[0].state
-        self._deliver = bind(handoff.deliver, s0, 0, 0.0, 0, False, 0, 0)
-        self._release = bind(handoff.release_kv, s0, 0)
-        self._landed = bind(handoff.kv_landed, s0, 0)
+        self._deliver = bind(handoff.deliver, s0, 0, 0.0, 0, 0, 0, 0)
         self.link = Link([config.link.nic_bytes_per_s] * N, config.link.setup_s)
         # whose clock bounds each instance's: every other prefill or decode instance (an
         # event can reach an instance through a chain: D2 starts a transfer, P's blocks are
@@ -125,8 +125,9 @@ class Cluster:
         self.transfer_bytes = np.zeros(n, np.int64)
         self.kv_out = np.zeros(N, np.int64)  # requests whose KV a prefill instance still holds
         self.incoming = np.zeros(N, np.int64)  # routed to a decode instance, prefilling on P
-        self.dropped: set[int] = set()  # shed on D while their KV was in flight
-        self._events: list[tuple[float, int, int, int]] = []  # (time, kind, seq, rid)
+        self.kv = Handoff(self)
+        # (time, kind, seq, rid, prompt tokens computed on P)
+        self._events: list[tuple[float, int, int, int, int]] = []
         self._seq = 0
         self._next = 0  # next arrival to route
         self._interval = config.load_report_interval_s
@@ -220,42 +221,38 @@ class Cluster:
         """Handle an event at time ``t``: landings, then deliveries and transfer starts, then
         a load report (arrivals, after them, stop at the door)."""
         if t_link == t:
-            for rid in self.link.advance(t):
-                self._land(int(rid), t)
+            for tid in self.link.advance(t):
+                self.kv.landed(int(tid), t)
         elif t_heap == t:
-            _, kind, _, rid = heapq.heappop(self._events)
-            if kind == _DELIVER:
-                self._deliver_decode(rid, t)
+            _, kind, _, rid, computed = heapq.heappop(self._events)
+            if kind in (_CHUNK, _DONE):
+                self.kv.prefill_progress(rid, t, computed, kind == _DONE)
+            elif kind == _P_SHED:
+                self.kv.prefill_shed(rid, t)
+            elif kind == _ALLOC:
+                self.kv.allocated_on_decode(rid, t)
             else:
-                self._start_transfer(rid, t)
+                self.kv.decode_shed(rid)
         else:
             self._loads = self.loads(t)
 
-    def _push(self, t: float, kind: int, rid: int) -> None:
-        heapq.heappush(self._events, (t, kind, self._seq, rid))
+    def _push(self, t: float, kind: int, rid: int, computed: int = 0) -> None:
+        heapq.heappush(self._events, (t, kind, self._seq, rid, computed))
         self._seq += 1
 
     def _read_outbox(self, i: int) -> None:
+        """Turn an instance's outbox into events at the times they happened."""
         s = self.engines[i].state
         for k in range(s.si[L.OUTBOX_N]):
             rid = int(s.ids[L.OUTBOX, k])
             t = float(s.times[L.KV_EVENT, rid])
+            status = s.req[L.STATUS, rid]
             if self.role[i] == ROLE_CODES["prefill"]:
-                self.prefill_done_s[rid] = t
-                self._push(t, _DELIVER, rid)
-            elif s.req[L.STATUS, rid] == L.SHED:
-                self._shed_on_decode(rid)
+                kind = _P_SHED if status == L.SHED else _DONE if status == L.FINISHED else _CHUNK
+                self._push(t, kind, rid, int(s.req[L.COMPUTED, rid]))
             else:
-                self._push(t, _TRANSFER, rid)
+                self._push(t, _D_SHED if status == L.SHED else _ALLOC, rid)
         s.si[L.OUTBOX_N] = 0
-
-    def _shed_on_decode(self, rid: int) -> None:
-        """D shed a request whose KV P holds: P frees it now, or when a transfer already in
-        flight lands."""
-        if rid in self.link:
-            self.dropped.add(rid)
-        elif np.isnan(self.transfer_end_s[rid]):
-            self._free_prefill(rid)
 
     # ------------------------------------------------------------------ events
     def _place(self, rid: int, t: float, route: Route) -> None:
@@ -272,48 +269,21 @@ class Cluster:
         if route.prefill is None:
             self.deflected[rid] = self.role[route.decode] == ROLE_CODES["decode"]
             self.chunk_cap[rid] = route.chunk_cap
-            self._give(int(route.decode), rid, t, out, False, L.LOCAL, route.chunk_cap)
+            self.give(int(route.decode), rid, t, out, 0, L.LOCAL, route.chunk_cap)
         else:
             self.prefill_instance[rid] = route.prefill
-            self.incoming[route.decode] += 1
-            self._give(int(route.prefill), rid, t, 1, True, L.LOCAL, route.chunk_cap)
+            keep = L.PIPELINED if self.kv.pipelined else L.BULK
+            self.give(int(route.prefill), rid, t, 1, keep, L.LOCAL, route.chunk_cap)
+            if self.kv.pipelined:  # D takes it at once, to hold blocks for each chunk
+                self.give(int(route.decode), rid, t, out, 0, L.REMOTE_NEW)
+            else:
+                self.incoming[route.decode] += 1
 
-    def _give(self, i: int, rid: int, t: float, out: int, keep: bool, remote: int,
-              cap: int) -> None:
+    def give(self, i: int, rid: int, t: float, out: int, keep: int, remote: int,
+             cap: int = 0) -> None:
+        """Deliver ``rid`` to instance ``i`` at ``t`` (:func:`cbgym.engine.handoff.deliver`)."""
         self._deliver(self.engines[i].state, rid, t, out, keep, remote, cap)
         self.active[i] = True
-
-    def _deliver_decode(self, rid: int, t: float) -> None:
-        """P computed ``rid``'s prompt: D takes it (its KV is still on P)."""
-        p, d = int(self.prefill_instance[rid]), int(self.decode_instance[rid])
-        self.kv_out[p] += 1
-        self.incoming[d] -= 1
-        self._give(d, rid, t, int(self.trace.output_tokens[rid]), False, L.REMOTE_NEW, 0)
-
-    def _start_transfer(self, rid: int, t: float) -> None:
-        """D holds blocks for ``rid``'s prompt: the KV moves P -> D."""
-        p, d = int(self.prefill_instance[rid]), int(self.decode_instance[rid])
-        nbytes = int(self.trace.prompt_tokens[rid]) * int(self.engines[p].config
-                                                          .kv_bytes_per_token or 0)
-        self.transfer_start_s[rid] = t
-        self.transfer_bytes[rid] = nbytes
-        self.link.start(rid, p, d, float(nbytes), t)
-
-    def _land(self, rid: int, t: float) -> None:
-        d = int(self.decode_instance[rid])
-        self.transfer_end_s[rid] = t
-        self._free_prefill(rid)
-        if rid in self.dropped:
-            self.dropped.discard(rid)
-            return
-        self._landed(self.engines[d].state, rid)
-        self.active[d] = True
-
-    def _free_prefill(self, rid: int) -> None:
-        p = int(self.prefill_instance[rid])
-        self._release(self.engines[p].state, rid)
-        self.kv_out[p] -= 1
-        self.active[p] = True
 
     # ------------------------------------------------------------------ what routers see
     def routing_point(self, rid: int, t: float) -> RoutingPoint:

@@ -5,7 +5,7 @@
 | ``pools`` | :class:`Pool` s: ``role``, ``count``, ``engine`` (pools may differ) | required |
 | ``link.nic_gbps`` | each instance's NIC (one, even at tp > 1), Gb/s, duplex | 200 (IB HDR) |
 | ``link.setup_s`` | per-transfer setup latency, s | 5e-5 (BLIS: 0.05 ms) |
-| ``link.mode`` | ``"bulk"``: one read after the prefill (vLLM's NixlConnector) | ``"bulk"`` |
+| ``link.mode`` | ``"bulk"`` (NixlConnector's read after the prefill), ``"pipelined"`` | bulk |
 | ``load_report_interval_s`` | routers see load as of the last report (0: live) | 0.05 (llm-d) |
 
 Roles: ``unified`` (today's engine: prefill and decode), ``prefill`` (vLLM's KV producer),
@@ -30,7 +30,7 @@ from cbgym.engine.config import EngineConfig
 
 ROLES = ("unified", "prefill", "decode")
 Role = Literal["unified", "prefill", "decode"]
-LINK_MODES = ("bulk",)  # "pipelined" (per prompt chunk) is not modelled yet
+LINK_MODES = ("bulk", "pipelined")
 
 
 def _positive_real(value: object) -> bool:
@@ -91,8 +91,7 @@ class LinkConfig:
                 and math.isfinite(self.setup_s) and self.setup_s >= 0):
             raise ValueError(f"LinkConfig.setup_s={self.setup_s!r}: expected seconds >= 0")
         if self.mode not in LINK_MODES:
-            raise ValueError(f"LinkConfig.mode={self.mode!r}: expected one of {LINK_MODES} "
-                             "(pipelined per-chunk transfers are not modelled yet)")
+            raise ValueError(f"LinkConfig.mode={self.mode!r}: expected one of {LINK_MODES}")
 
     @property
     def nic_bytes_per_s(self) -> float:

@@ -11,8 +11,8 @@ times from the request's trace arrival) plus where it ran and how its TTFT was s
 | ``transfer_start_s`` / ``transfer_end_s`` / ``transfer_bytes`` | its KV transfer |
 | ``ttft_queue_s`` | arrival to first scheduled (on the instance that computes its prompt) |
 | ``ttft_prefill_s`` | first scheduled to its prompt computed (chunks, and waits between them) |
-| ``ttft_decode_wait_s`` | prompt computed on P to its transfer start (D's queue, D's blocks) |
-| ``ttft_transfer_s`` | the transfer |
+| ``ttft_decode_wait_s`` | prompt computed on P to its (first) transfer start, if later |
+| ``ttft_transfer_s`` | the transfer after both (pipelined: the part after the prefill) |
 | ``ttft_first_step_s`` | transfer landed to first token (D's queue and its 1-token step) |
 
 For a request served by one instance the last three are 0 and ``ttft_prefill_s`` ends at its
@@ -97,8 +97,10 @@ def cluster_result(c: Cluster, meta: dict) -> ClusterResult:
     req["ttft_queue_s"] = sched - req["arrival_s"].to_numpy()
     req["ttft_prefill_s"] = done - sched
     zero = np.zeros(len(req))
-    req["ttft_decode_wait_s"] = np.where(disagg, c.transfer_start_s - c.prefill_done_s, zero)
-    req["ttft_transfer_s"] = np.where(disagg, c.transfer_end_s - c.transfer_start_s, zero)
+    # (pipelined: transfers start before the prefill ends; only what follows it is exposed)
+    start, done = c.transfer_start_s, c.prefill_done_s
+    req["ttft_decode_wait_s"] = np.where(disagg, np.maximum(start - done, 0.0), zero)
+    req["ttft_transfer_s"] = np.where(disagg, c.transfer_end_s - np.maximum(start, done), zero)
     req["ttft_first_step_s"] = np.where(disagg, first - c.transfer_end_s, zero)
     shed = req["status"] == "shed"
     parts = ["ttft_queue_s", "ttft_prefill_s", "ttft_decode_wait_s", "ttft_transfer_s",

@@ -39,6 +39,7 @@ from cbgym.engine.layout import (
     ON_COMPLETION,
     OUTBOX_N,
     OUTPUT,
+    PIPELINED,
     PREEMPTED_NOW,
     R_MML,
     REC_N,
@@ -213,6 +214,8 @@ def execute(s: State, p: Params, m: int) -> int:
             else:
                 itl_max[rid] = max(itl_max[rid], sf[NOW] - last_token[rid])
             last_token[rid] = sf[NOW]
+        elif s.req[KEEP_KV, rid] == PIPELINED:
+            report(s, rid)  # a prompt chunk done: its KV can be sent (pipelined link)
     record(s, p, begin, dt, num_tokens, num_tokens - num_decode, num_decode, np.int64(1))
     if p.ci[RECORD]:
         for j in range(m):

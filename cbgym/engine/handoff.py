@@ -12,7 +12,7 @@ when it lands). vLLM's disaggregated prefill: ``../shared/reference/cluster-disa
 from __future__ import annotations
 
 from cbgym.engine.jit import no_alloc_kernel
-from cbgym.engine.kutil import release
+from cbgym.engine.kutil import end, release
 from cbgym.engine.layout import (
     ARRIVAL,
     CHANGED,
@@ -28,11 +28,13 @@ from cbgym.engine.layout import (
     PLAN_VALID,
     REMOTE,
     REMOTE_READY,
+    SHED,
     STATUS,
     UNTIL,
     WAITING,
     State,
 )
+from cbgym.engine.transitions import shed
 
 
 @no_alloc_kernel
@@ -75,6 +77,19 @@ def kv_landed(s: State, rid: int) -> None:
 
 
 @no_alloc_kernel
+def drop(s: State, rid: int, t: float, code: int) -> None:
+    """``rid`` was shed on its other instance (a pipelined prefill instance): end it here too,
+    whether it waits here or has not arrived yet; its blocks come back."""
+    if s.req[STATUS, rid] == PENDING:
+        release(s, rid)
+        end(s, rid, SHED, t, code)
+    elif s.req[STATUS, rid] == WAITING:
+        shed(s, rid, code)
+    s.si[CHANGED] = 1
+    s.si[IDLED] = 0
+
+
+@no_alloc_kernel
 def decided_in_kernel(s: State, flag: bool) -> None:
     """Mark the instance's local policy as decided in the kernel (``layout.KERNEL_POLICY``)."""
     s.si[KERNEL_POLICY] = flag
@@ -88,4 +103,4 @@ def set_horizon(s: State, until: float) -> None:
     s.si[OUTBOX_N] = 0
 
 
-__all__ = ["decided_in_kernel", "deliver", "kv_landed", "release_kv", "set_horizon"]
+__all__ = ["decided_in_kernel", "deliver", "drop", "kv_landed", "release_kv", "set_horizon"]

@@ -55,6 +55,9 @@ PENDING, WAITING, RUNNING, FINISHED, SHED = _codes(5)
 # what a kernel call stopped at (AT_HORIZON: the clock reached sf[UNTIL], or the instance
 # has outbox events for its cluster)
 AT_DECISION, DRAINED, NEED_ROOM, TOO_MANY_IDLE_TICKS, AT_HORIZON = _codes(5)
+# KEEP_KV values: a prefill instance's request keeps its blocks after it ends (BULK); with a
+# pipelined link it also reports each prompt chunk it computes (PIPELINED)
+BULK, PIPELINED = np.int64(1), np.int64(2)
 # where a request's KV comes from on a decode instance (State.req[REMOTE]): computed here
 # (LOCAL), or by a prefill instance and sent over: NEW (no blocks yet), PENDING (blocks for
 # the whole prompt held, the transfer in flight: vLLM's WAITING_FOR_REMOTE_KVS), READY

@@ -21,6 +21,7 @@ from cbgym.engine.layout import (
     INBOX,
     INBOX_N,
     ITERATION,
+    KEEP_KV,
     KV_BYTES,
     LOCAL,
     MAX_MODEL_LEN,
@@ -31,6 +32,7 @@ from cbgym.engine.layout import (
     NUM_BLOCKS,
     OUTPUT,
     PAPER,
+    PENDING,
     PLAN_VALID,
     PLOG_N,
     PREEMPTED_NOW,
@@ -77,10 +79,13 @@ def admit_arrivals(s: State, p: Params) -> None:
             code = R_PROMPT_KV
         elif not ci[CHUNKED] and prompt[rid] > ci[BUDGET] and remote[rid] == LOCAL:
             code = R_PROMPT_BUDGET  # without chunking it could never be scheduled
+        if s.req[STATUS, rid] != PENDING:
+            j += 1  # (dropped by its cluster before it arrived here)
+            continue
         if code:
             end(s, rid, SHED, arrival[rid], code)
-            if remote[rid] != LOCAL:
-                report(s, rid)  # its prefill instance still holds its KV: the cluster frees it
+            if remote[rid] != LOCAL or s.req[KEEP_KV, rid]:
+                report(s, rid)  # its other instance has to know
         else:
             s.req[STATUS, rid] = WAITING
             s.ids[WAIT_Q, si[N_WAIT]] = rid
@@ -155,5 +160,5 @@ def shed(s: State, rid: int, code: int) -> None:
     release(s, rid)
     end(s, rid, SHED, s.sf[NOW], code)
     si[CHANGED] = 1
-    if req[REMOTE, rid] != LOCAL:
-        report(s, rid)  # its prefill instance still holds its KV: the cluster frees it
+    if req[REMOTE, rid] != LOCAL or req[KEEP_KV, rid]:
+        report(s, rid)  # its other instance (P holding its KV, D waiting for it) has to know
