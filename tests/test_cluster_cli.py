@@ -53,3 +53,16 @@ def test_simulate_on_a_cluster() -> None:
     assert res.summary()["num_finished"] == 200
     with pytest.raises(ValueError, match="not both"):
         cbgym.simulate(tr, engine="llama-2-7b/a100-80gb", cluster="1x:llama-2-7b/a100-80gb")
+
+
+def test_cbgym_evaluate_on_a_cluster_task(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["evaluate", "--task", "conv-4x-hetero-routing", "--policy", "kairos"])
+    assert "needs prefill and decode pools" in capsys.readouterr().err
+    assert main(["evaluate", "--task", "conv-4x-hetero-routing", "--policy", "round-robin",
+                 "--json"]) == 0
+    import json
+
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["best_reference"] == "jsq-tokens"
+    assert {r["policy"] for r in doc["rows"]} >= {"round-robin", "random actions"}

@@ -21,10 +21,14 @@ COLUMNS = ["goodput", "goodput_low", "goodput_high", "slo_attainment", "ttft_p99
 def add_parser(sub: argparse._SubParsersAction, formatter: type) -> argparse.ArgumentParser:
     p = sub.add_parser("evaluate", help="score a policy on a benchmark task",
                        description=DESCRIPTION, formatter_class=formatter)
-    p.add_argument("--task", required=True, choices=sorted(TASKS), metavar="T",
-                   help=f"one of: {', '.join(sorted(TASKS))}")
+    from cbgym.tasks.cluster_tasks import CLUSTER_TASKS
+
+    names = sorted([*TASKS, *CLUSTER_TASKS])
+    p.add_argument("--task", required=True, choices=names, metavar="T",
+                   help=f"one of: {', '.join(names)}")
     p.add_argument("--policy", required=True, metavar="P",
-                   help="policy spec (cbgym.agents.POLICIES, learned:PATH)")
+                   help="policy spec (cbgym.agents.POLICIES, learned:PATH); on a cluster task "
+                        "a router spec (cbgym.agents.routing.ROUTERS, learned-router:NAME)")
     p.add_argument("--seeds", type=int, nargs="+", default=[0], metavar="S",
                    help="seeds (randomised policies and random actions); a window's result is "
                         "its mean over them")
@@ -35,15 +39,25 @@ def add_parser(sub: argparse._SubParsersAction, formatter: type) -> argparse.Arg
 
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from cbgym.bench import check_policy
+    from cbgym.tasks.cluster_tasks import CLUSTER_TASKS, evaluate_cluster
     from cbgym.tasks.evaluate import evaluate
 
+    cluster = args.task in CLUSTER_TASKS
     try:
-        check_policy(args.policy)
-    except ValueError as exc:
+        if cluster:
+            from cbgym.agents.routing import make_router
+            from cbgym.cluster.routing import RouterContext
+
+            make_router(args.policy).reset(RouterContext(
+                config=CLUSTER_TASKS[args.task].cluster_config()))
+        else:
+            check_policy(args.policy)
+    except (ValueError, TypeError, ImportError) as exc:
         parser.error(f"--policy: {exc}")
     if any(s < 0 for s in args.seeds):
         parser.error("--seeds must be integers >= 0")
-    ev = evaluate(args.task, args.policy, seeds=tuple(args.seeds))
+    score_it = evaluate_cluster if cluster else evaluate
+    ev = score_it(args.task, args.policy, seeds=tuple(args.seeds))
     table = ev.table[COLUMNS]
     if args.json:
         print(json.dumps({"task": args.task, "policy": args.policy, "seeds": args.seeds,
@@ -58,6 +72,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     print(table.round(3).to_string())
     print(f"{args.policy}: normalized score {score.mean:.3f} "
           f"[{score.low:.3f}, {score.high:.3f}] (95%); diff_vs = {args.policy} minus the row")
-    print(f"{args.policy} minus the best content-blind heuristic ({best}): {d.mean:+.1f} "
+    what = "rule" if cluster else "content-blind heuristic"
+    print(f"{args.policy} minus the best {what} ({best}): {d.mean:+.1f} "
           f"[{d.low:+.1f}, {d.high:+.1f}] goodput per window (95%)")
     return 0
