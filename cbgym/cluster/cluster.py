@@ -203,9 +203,9 @@ class Cluster:
 
     def _earliest_active(self) -> int:
         best, t = -1, math.inf
-        for i in np.flatnonzero(self.active):
-            if self.engines[i].now < t:
-                best, t = int(i), self.engines[i].now
+        for i, (on, eng) in enumerate(zip(self.active.tolist(), self.engines, strict=True)):
+            if on and eng.state.sf[L.NOW] < t:
+                best, t = i, eng.state.sf[L.NOW]
         return best
 
     def _report_due(self, t_arr: float) -> float:

@@ -94,6 +94,7 @@ class Link:
         self._setup = setup
         self._now = 0.0
         self._pending: list[int] = []  # landed while start() moved the clock; next advance()
+        self._cached: float | None = None  # next_event_time until the link next changes
         # In-flight transfers, parallel arrays sorted by tid (deterministic water-filling order).
         self._tid = np.zeros(0, np.int64)
         self._src = np.zeros(0, np.intp)
@@ -156,7 +157,11 @@ class Link:
         """Earliest time a setup ends or a transfer lands under current shares; inf if none.
         The clock itself while landings seen by ``start`` await the next ``advance``, so an
         event loop keyed on this time never strands them."""
-        return self._now if self._pending else self._next_change()
+        if self._pending:
+            return self._now
+        if self._cached is None:  # (the loop asks far more often than the link changes)
+            self._cached = self._next_change() if self._tid.size else math.inf
+        return self._cached
 
     def _next_change(self) -> float:
         """The next join or landing, ignoring landings already awaiting ``advance``."""
@@ -174,6 +179,7 @@ class Link:
     def start(self, tid: int, src: int, dst: int, nbytes: float, now: float) -> None:
         """Start a transfer at ``now`` (>= the clock; the clock is moved there first, and
         transfers landing on the way are returned by the next ``advance``)."""
+        self._cached = None
         tid = operator.index(tid)
         s = self._instance(src, "src")
         d = self._instance(dst, "dst")
@@ -203,6 +209,7 @@ class Link:
     def advance(self, t: float) -> list[int]:
         """Move the clock to ``t``, processing every join and landing on the way in order and
         re-sharing at each; return the tids landed at or before ``t`` (time order, ties by tid)."""
+        self._cached = None
         t = self._time(t, "t")
         landed, self._pending = self._pending, []
         return landed + self._run_until(t)
