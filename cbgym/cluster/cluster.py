@@ -16,15 +16,21 @@ disaggregated prefill serves it:
    token computed: that 1-token step samples its first token (TTFT ends there), then it
    decodes on D.
 
-A deflected request goes straight to D and runs its prefill there, with no transfer.
+(With a pipelined link, :mod:`cbgym.cluster.kv`, D receives the request when it is routed
+and each prompt chunk moves as it is computed.) A deflected request goes straight to D and
+runs its prefill there, with no transfer.
 
-**Time order.** An instance is advanced only through iterations that start no later than
-the clocks of the instances it exchanges KV with (prefill <-> decode) and before the next
-external event (an arrival, a landing, a delivery, a load report). Everything an instance
-does to another happens no earlier than its own next iteration starts, so each instance sees
-every event at the first iteration that starts after it, as a real one would: results do not
-depend on how the loop interleaves instances. Unified replicas exchange nothing and run from
-one arrival to the next in one kernel call.
+**Time order.** A prefill or decode instance is advanced only through iterations that start
+no later than the clocks of the other prefill and decode instances that may act, and before
+the next external event (an arrival, a landing, a delivery, a load report). An event can
+reach an instance through a chain (D2 starts a transfer; when it lands P's blocks are freed;
+P admits and delivers to D1), and a new transfer can make another land earlier, but
+everything an instance does happens no earlier than its own next iteration starts, so each
+instance sees every event at the first iteration that starts after it, as a real one would:
+results do not depend on how the loop interleaves instances (tested against a lock-step
+loop). An instance idle under a policy decided in the kernel bounds nobody: only an event
+wakes it. Unified replicas exchange nothing and run from one arrival to the next in one
+kernel call.
 """
 
 from __future__ import annotations
