@@ -232,6 +232,15 @@ class Fixed(Router):
         return self.routes[rp.request_id]
 
 
+def two_by_two_routes(seed: int, n: int, disaggregated: float) -> list[Route]:
+    """Random routes on a 2P2D cluster (instances 0, 1: P; 2, 3: D): disaggregated with
+    probability ``disaggregated``, else deflected."""
+    rng = np.random.default_rng(seed)
+    return [Route.disaggregate(int(rng.integers(2)), 2 + int(rng.integers(2)))
+            if rng.random() < disaggregated else Route.deflect(2 + int(rng.integers(2)))
+            for _ in range(n)]
+
+
 def run_fixed(tr: Trace, cfg: ClusterConfig, routes: list[Route], policy: str = "fcfs",
               lock_step: bool = False) -> tuple[object, pd.DataFrame]:
     from cbgym.cluster.cluster import Cluster, local_policies
@@ -332,10 +341,7 @@ def test_local_policies_on_prefill_and_decode_instances(seed: int, policy: str,
                          Pool("decode", 2, linear_engine(blocks=blocks))),
                         LinkConfig(nic_gbps=1.0, setup_s=1e-3), load_report_interval_s=0)
     tr = random_trace(seed, n=40, span=2.0, long=900)
-    rng = np.random.default_rng(seed)
-    routes = [Route.disaggregate(int(rng.integers(2)), 2 + int(rng.integers(2)))
-              if rng.random() < 0.7 else Route.deflect(2 + int(rng.integers(2)))
-              for _ in range(len(tr))]
+    routes = two_by_two_routes(seed, len(tr), disaggregated=0.7)
     c, res = run_fixed(tr, cfg, routes, policy=policy)
     assert res["status"].isin(["finished", "shed"]).all()
     for eng in c.engines:  # type: ignore[attr-defined]
@@ -417,10 +423,7 @@ def test_pipelined_invariants(seed: int, blocks: int, policy: str) -> None:
                         LinkConfig(nic_gbps=0.5, setup_s=1e-3, mode="pipelined"),
                         load_report_interval_s=0)
     tr = random_trace(seed, n=50, span=2.0, long=1500)
-    rng = np.random.default_rng(seed)
-    routes = [Route.disaggregate(int(rng.integers(2)), 2 + int(rng.integers(2)))
-              if rng.random() < 0.8 else Route.deflect(2 + int(rng.integers(2)))
-              for _ in range(len(tr))]
+    routes = two_by_two_routes(seed, len(tr), disaggregated=0.8)
     c, res = run_fixed(tr, cfg, routes, policy=policy)
     assert res["status"].isin(["finished", "shed"]).all()
     for eng in c.engines:  # type: ignore[attr-defined]

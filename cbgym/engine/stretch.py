@@ -153,17 +153,20 @@ def decode_stretch(s: State, p: Params) -> bool:
     if si[REC_N] >= len(s.rec):
         return False  # the time-series buffer is full: the loop empties it first
     t, free, steps = sf[NOW], si[FREE], np.int64(0)
+    begin = t
     si[SWAP_BYTES] = 0
     si[PREEMPTED_NOW] = 0
     # The iterations between two arrivals have equal gauges: one time-series row (a
     # segment) each, written when the segment ends rather than once per iteration.
     seg_begin, seg_steps = t, np.int64(0)
-    dt = dt_max = first_end = 0.0
+    dt = dt_max = 0.0
+    until = sf[UNTIL]
+    next_at = arrival[inbox[nxt]] if nxt < si[INBOX_N] else np.inf
     while steps < k:
         need = 0 if ci[PAPER] else slack[steps % bs]
-        if t >= sf[UNTIL]:
+        if t >= until:
             break  # a cluster's event comes first
-        if nxt < si[INBOX_N] and t >= arrival[inbox[nxt]]:
+        if t >= next_at:
             # Arrivals join the queue here, as at the next iteration's start. The stretch
             # goes on when the policy's answer is known in the kernel (FCFS, or a static key)
             # and the queue's head still cannot be admitted.
@@ -175,6 +178,7 @@ def decode_stretch(s: State, p: Params) -> bool:
                 break  # the time-series buffer is full: the loop empties it first
             admit_arrivals(s, p)
             nxt = si[NEXT_ARRIVAL]
+            next_at = arrival[inbox[nxt]] if nxt < si[INBOX_N] else np.inf
             if keyed and si[CHANGED]:
                 rank_by_key(s)
             if not head_blocked(s, p, need):
@@ -188,8 +192,6 @@ def decode_stretch(s: State, p: Params) -> bool:
         free -= need
         steps += 1
         dt_max = max(dt_max, t - before)  # the gap as plain iteration measures it
-        if steps == 1:
-            first_end = t
         seg_steps += 1
     end_segment(s, p, free, t, seg_begin, seg_steps, dt)
     si[ITERATION] += steps
@@ -199,6 +201,10 @@ def decode_stretch(s: State, p: Params) -> bool:
     last = steps == k  # somebody finishes (or reaches max_model_len) at the last step
     m = 0  # the running queue, compacted in place as requests finish
     last_token, itl_max = s.times[LAST_TOKEN], s.times[ITL_MAX]
+    # the first step's end, as the loop summed it (a request whose last token came before
+    # the stretch began, after an idle tick, has a longer first gap)
+    first_end = begin + price(ci[COST_KIND], p.cost, n, np.int64(0), n, n, ctx, n, ctx + n,
+                              np.int64(0))
     for i in range(n):
         rid = running[i]
         computed[rid] += steps

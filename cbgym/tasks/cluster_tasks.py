@@ -18,7 +18,7 @@ import numpy as np
 
 from cbgym.cluster.routing import Router
 from cbgym.metrics import SLO
-from cbgym.tasks.evaluate import RANDOM, Evaluation
+from cbgym.tasks.evaluate import RANDOM, Evaluation, window_rows
 from cbgym.tasks.registry import Task
 
 BALANCERS = ("round-robin", "random", "least-outstanding", "jsq-tokens", "power-of-two")
@@ -157,15 +157,9 @@ def _routed(t: ClusterTask, router: str | Router, trace: Any, starts: list[int],
     from cbgym.capacity import scale_to_load
     from cbgym.cluster.run import serve
 
-    good, att, p99 = [], [], []
-    for start in starts:
-        window = scale_to_load(trace.window(start, t.episode_requests), t.test_load,
-                               cfg.engines[0], capacity_rps=mu)
-        s = serve(window, cfg, router, seed=seed, slo=t.slo).summary()
-        att.append(s["slo_attainment"])
-        good.append(round(s["slo_attainment"] * s["num_requests"]))
-        p99.append(s["ttft_p99"])
-    return np.array(good, float), np.array(att), np.array(p99)
+    return window_rows(serve(scale_to_load(trace.window(start, t.episode_requests),
+                                           t.test_load, cfg.engines[0], capacity_rps=mu),
+                             cfg, router, seed=seed, slo=t.slo).summary() for start in starts)
 
 
 def _random_routes(t: ClusterTask, trace: Any, starts: list[int], mu: float, seed: int,

@@ -15,6 +15,7 @@ paired difference against each reference.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -138,11 +139,16 @@ def _simulated(t: Task, policy: str, trace: object, starts: list[int], engine: o
                mu: float, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     from cbgym.simulate import simulate
 
+    return window_rows(simulate(trace.window(start, t.episode_requests),  # type: ignore
+                                policy, engine, load=t.test_load, seed=seed, slo=t.slo,
+                                capacity_rps=mu).summary() for start in starts)
+
+
+def window_rows(summaries: Iterable[dict[str, float]]) -> tuple[np.ndarray, np.ndarray,
+                                                                np.ndarray]:
+    """(goodput, SLO attainment, p99 TTFT) per window, from each window run's summary."""
     good, att, p99 = [], [], []
-    for start in starts:
-        window = trace.window(start, t.episode_requests)  # type: ignore[attr-defined]
-        s = simulate(window, policy, engine, load=t.test_load, seed=seed, slo=t.slo,
-                     capacity_rps=mu).summary()
+    for s in summaries:
         att.append(s["slo_attainment"])
         good.append(round(s["slo_attainment"] * s["num_requests"]))
         p99.append(s["ttft_p99"])

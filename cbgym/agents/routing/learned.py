@@ -14,9 +14,8 @@ from typing import Any
 
 import numpy as np
 
+from cbgym.agents.learned import CHECKPOINT_DIR as CHECKPOINTS  # beside the learned policies
 from cbgym.cluster.routing import Route, Router, RouterContext, RoutingPoint
-
-CHECKPOINTS = Path(__file__).resolve().parents[1] / "checkpoints"
 
 
 def router_checkpoint(spec: str) -> Path:
