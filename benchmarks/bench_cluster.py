@@ -13,8 +13,8 @@ Figures: wall seconds, engine iterations per second, and the ratio to the refere
 cluster env ``cbgym/Cluster-v0`` (the task ``code-2p2d-deflection``: 2P2D DeepSeek-V2-Lite,
 512-request episodes): steps/s single with uniformly random allowed routes, and batched
 (``gym.make_vec``, sync, 4 envs, every env routing with action 0; there is no native vector
-env yet), beside CartPole-v1's single-env steps/s as the reference of a step that costs
-nothing.
+env for the cluster yet), beside CartPole-v1's single-env steps/s as the reference of a step
+that costs nothing.
 
     python benchmarks/bench_cluster.py [--trace NAME] [--preset MODEL/GPU] [--load 0.8]
 """

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -56,7 +57,7 @@ def test_horizons_change_nothing(seed: int, cuts: list[float]) -> None:
     for t, kind, rid in events:
         eng.run_until(t, None)
         if kind == 0:
-            handoff.deliver(eng.state, rid, t, int(tr.output_tokens[rid]), False, L.LOCAL, 0)
+            handoff.deliver(eng.state, rid, t, int(tr.output_tokens[rid]), False, L.LOCAL, 0, 1)
     eng.run_until(np.inf, None)
     pd.testing.assert_frame_equal(frame(eng), run_plain(tr, True), check_exact=True)
 
@@ -83,3 +84,20 @@ def test_tbt_slo_judges_the_worst_gap() -> None:
     res = simulate(tr, engine=ENGINE, slo=SLO(ttft_s=5, tpot_s=1, tbt_s=0.03))
     # request 0's worst gap is the 50 ms mixed iteration: it misses a 30 ms TBT target
     assert res.summary()["slo_attainment"] == 0.5
+
+
+def test_deliveries_ahead_of_time_keep_the_inbox_in_arrival_order() -> None:
+    """A cluster routes arrivals ahead of time: a later delivery with an earlier time goes
+    before them (events before arrivals at one instant); never before an arrived one."""
+    tr = Trace.from_arrays(np.zeros(4), np.full(4, 10), np.full(4, 2), name="inbox")
+    eng = Engine(tr, ENGINE, consult="never", routed=True)
+    s = eng.state
+    handoff.deliver(s, 0, 2.0, 2, False, L.LOCAL, 0, 1)
+    handoff.deliver(s, 1, 1.0, 2, False, L.LOCAL, 0, 1)
+    handoff.deliver(s, 2, 1.0, 2, False, L.LOCAL, 0, 0)  # an event of the same instant
+    assert s.ids[L.INBOX, :3].tolist() == [2, 1, 0]
+    handoff.decided_in_kernel(s, True)
+    eng.run_until(1.5, None)  # 2 and 1 have arrived
+    assert s.si[L.NEXT_ARRIVAL] == 2
+    with pytest.raises(AssertionError, match="before an arrived request"):
+        handoff.deliver(s, 3, 0.5, 2, False, L.LOCAL, 0, 1)

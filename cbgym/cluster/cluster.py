@@ -20,30 +20,34 @@ disaggregated prefill serves it:
 and each prompt chunk moves as it is computed.) A deflected request goes straight to D and
 runs its prefill there, with no transfer.
 
-**Time order.** A prefill or decode instance is advanced only through iterations that start
-no later than the clocks of the other prefill and decode instances that may act, and before
-the next external event (an arrival, a landing, a delivery, a load report). An event can
-reach an instance through a chain (D2 starts a transfer; when it lands P's blocks are freed;
-P admits and delivers to D1), and a new transfer can make another land earlier, but
-everything an instance does happens no earlier than its own next iteration starts, so each
-instance sees every event at the first iteration that starts after it, as a real one would:
-results do not depend on how the loop interleaves instances (tested against a lock-step
-loop). An instance idle under a policy decided in the kernel bounds nobody: only an event
-wakes it. Unified replicas exchange nothing and run from one arrival to the next in one
-kernel call.
+**Time order** (:mod:`cbgym.cluster.order`): a prefill or decode instance is advanced only
+through iterations that start before the next external event and the clocks of the other
+prefill and decode instances that may act; unified replicas exchange nothing.
+
+**Routing ahead of time.** An arrival's route depends only on the load report it reads
+(taken at the last report time before it) and the request itself, so where loads are
+reported at an interval (or not read) and every local policy is decided in the kernel, the
+loop routes each arrival as soon as its report is taken; its delivery waits in the
+instance's inbox (kept in arrival order) and bounds no other instance. Same results
+(tested), far fewer stops: unified replicas under round-robin run to the end in one call.
+
+**Compiled.** The loop is :func:`cbgym.cluster.loop.run` on the instances' batched states
+(:mod:`cbgym.cluster.state`): a router whose rule is compiled (:mod:`cbgym.cluster.route_ops`:
+round-robin, least-outstanding, jsq-tokens and the disaggregation rules, Kairos included) is
+applied in the kernel, any other one answers at the door; local policies decided in the
+kernel (FCFS, static keys) never leave it, others are asked at their decision points.
 """
 
 from __future__ import annotations
 
 import copy
-import heapq
-import math
 
 import numpy as np
 
+from cbgym.cluster import loop
+from cbgym.cluster import route_ops as ro
+from cbgym.cluster import state as K
 from cbgym.cluster.config import ClusterConfig
-from cbgym.cluster.kv import Handoff
-from cbgym.cluster.link import Link
 from cbgym.cluster.routing import (
     LOAD_FIELDS,
     ROLE_CODES,
@@ -63,10 +67,52 @@ from cbgym.engine.jit import bind
 from cbgym.metrics import SLO, SLOSpec, slo_arrays
 from cbgym.workload.trace import Trace
 
-# event kinds, in the order events of one instant are handled: a prompt chunk done on P, P's
-# last chunk, P shed it, D allocated its blocks, D shed it
-_CHUNK, _DONE, _P_SHED, _ALLOC, _D_SHED = 1, 2, 3, 4, 5
 NOT_ROUTED = -1
+
+
+def static_tables(config: ClusterConfig) -> tuple[np.ndarray, np.ndarray]:
+    """The instances' rows routers read (``state.ROLE`` .. ``COST_KIND``; the dynamic rows
+    zero) and their cost coefficients, zero-padded: what a compiled rule is handed."""
+    from cbgym.engine.pricing import cost_params
+
+    N = config.num_instances
+    inst = np.zeros((K.NUM_CINST, N), np.int64)
+    costs = []
+    for i, (role, e) in enumerate(zip(config.roles, config.engines, strict=True)):
+        kind, coef = cost_params(e.cost_model)
+        inst[K.ROLE, i], inst[K.COST_KIND, i] = ROLE_CODES[role], kind
+        inst[K.BUDGET, i], inst[K.BLOCK, i] = e.max_num_batched_tokens, e.block_size
+        inst[K.SEQS, i], inst[K.KV_BYTES, i] = e.max_num_seqs, e.kv_bytes_per_token or 0
+        inst[K.CHUNKED, i] = e.chunked_prefill
+        costs.append(coef)
+    coefs = np.zeros((N, max(len(c) for c in costs)))
+    for i, c in enumerate(costs):
+        coefs[i, : len(c)] = c
+    return inst, coefs
+
+
+def rule_settings(config: ClusterConfig, params: dict[int, float]) -> np.ndarray:
+    """``ClusterState.cf``: the load report interval, the link, a rule's parameters."""
+    cf = np.zeros(K.NUM_CCF)
+    cf[K.INTERVAL] = config.load_report_interval_s
+    cf[K.NIC], cf[K.SETUP] = config.link.nic_bytes_per_s, config.link.setup_s
+    for k, v in params.items():
+        cf[k] = v
+    return cf
+
+
+def loads_array(loads: Loads) -> np.ndarray:
+    """A report's signals as the kernels read them (rows: ``LOAD_FIELDS``)."""
+    return np.stack([np.asarray(getattr(loads, f), np.float64) for f in LOAD_FIELDS])
+
+
+def loads_of(a: np.ndarray, t: float) -> Loads:
+    """The :class:`Loads` of a kernel's report array (copied)."""
+    cols = dict(zip(LOAD_FIELDS, a.copy(), strict=True))
+    ints = {k: v.astype(np.int64) for k, v in cols.items()
+            if k not in ("kv_usage", "last_iteration_s")}
+    return Loads(report_s=float(t), kv_usage=cols["kv_usage"],
+                 last_iteration_s=cols["last_iteration_s"], **ints)
 
 
 class Cluster:
@@ -81,11 +127,21 @@ class Cluster:
         policies: each instance's local policy (one per instance: they keep state).
         slo: the run's targets (routers see the request's TTFT and TPOT targets).
         seed: handed to the router and the local policies.
+        lock_step: bound every instance's clock by every other's, unified ones included
+            (the time-order rule's reference, for tests; slower).
+        audit: check every transfer's blocks in the kernel (D holds the prompt's at each
+            start, P frees exactly its copy at the landing); counts in ``transfers_audited``.
+        eager: route each arrival as soon as the load report it reads has been taken,
+            before the instances reach its time (same results, fewer stops). Used where
+            it cannot change anything: loads reported at an interval (or not read) and
+            every local policy decided in the kernel. False: the door opens at each
+            arrival's time (the cluster env, whose reward is counted there).
     """
 
     def __init__(self, trace: Trace, config: ClusterConfig, router: Router | None,
                  policies: list[Policy], slo: SLOSpec | None = None, seed: int = 0,
-                 record_iterations: bool = False) -> None:
+                 record_iterations: bool = False, lock_step: bool = False,
+                 audit: bool = False, eager: bool = True) -> None:
         n, N = len(trace), config.num_instances
         if len(policies) != N:
             raise ValueError(f"Cluster: {len(policies)} local policies for {N} instances")
@@ -93,9 +149,10 @@ class Cluster:
         self.slo = slo or SLO()
         self.ttft, self.tpot = slo_arrays(self.slo, trace.slo_class)
         self.role = np.array([ROLE_CODES[r] for r in config.roles], np.int64)
-        self.engines: list[Engine] = []
         self.policies = policies
-        for cfg, pol in zip(config.engines, policies, strict=True):
+        self.S = self._batched(trace, config)
+        self.engines: list[Engine] = []
+        for i, (cfg, pol) in enumerate(zip(config.engines, policies, strict=True)):
             pol.reset(PolicyContext(
                 config=cfg, num_requests=n, seed=seed,
                 true_output_tokens=trace.output_tokens if pol.privileged else None,
@@ -103,49 +160,107 @@ class Cluster:
                 ttft_target_s=self.ttft))
             self.engines.append(Engine(trace, cfg, consult=pol.consult,
                                        record_iterations=record_iterations,
-                                       keys=pol.static_keys(), routed=True))
+                                       keys=pol.static_keys(), routed=True,
+                                       state=K.view(self.S, i)))
+        # one numbering of shed reasons for the whole cluster: an instance ends a request
+        # with the code its peer shed it with
+        reasons = self.engines[0]._reasons
+        for eng in self.engines:
+            eng._reasons = eng.req.reasons = reasons
         self._keyed = [pol.static_keys() is not None or pol.consult == "never"
                        for pol in policies]
         for eng, keyed in zip(self.engines, self._keyed, strict=True):
             handoff.decided_in_kernel(eng.state, keyed)
-        s0 = self.engines[0].state
-        self._deliver = bind(handoff.deliver, s0, 0, 0.0, 0, 0, 0, 0)
-        self.link = Link([config.link.nic_bytes_per_s] * N, config.link.setup_s)
-        # whose clock bounds each instance's: every other prefill or decode instance (an
-        # event can reach an instance through a chain: D2 starts a transfer, P's blocks are
-        # freed when it lands, P admits and delivers to D1; a new transfer can also make
-        # another land earlier), none for a unified one
-        pd = tuple(i for i, r in enumerate(config.roles) if r != "unified")
-        self.peers = [tuple(j for j in pd if j != i) if r != "unified" else ()
-                      for i, r in enumerate(config.roles)]
-        self.active = np.zeros(N, bool)
-        # per request: where it went and what its KV did
-        self.prefill_instance = np.full(n, NOT_ROUTED, np.int64)
-        self.decode_instance = np.full(n, NOT_ROUTED, np.int64)
-        self.deflected = np.zeros(n, bool)
-        self.chunk_cap = np.zeros(n, np.int64)
+        self.P = K.batched_params([e.params for e in self.engines])
+        self.rule = self._rule(router)
+        self.C = self._cluster_state(trace, config, router, lock_step, audit)
+        reads = router is None or router.reads_loads
+        self.C.ci[K.EAGER] = (eager and not lock_step and all(self._keyed)
+                              and (config.load_report_interval_s > 0 or not reads))
         self.router_shed: dict[int, str] = {}
-        self.prefill_done_s = np.full(n, np.nan)
-        self.transfer_start_s = np.full(n, np.nan)
-        self.transfer_end_s = np.full(n, np.nan)
-        self.transfer_bytes = np.zeros(n, np.int64)
-        self.kv_out = np.zeros(N, np.int64)  # requests whose KV a prefill instance still holds
-        self.incoming = np.zeros(N, np.int64)  # routed to a decode instance, prefilling on P
-        self.kv = Handoff(self)
-        # (time, kind, seq, rid, prompt tokens computed on P)
-        self._events: list[tuple[float, int, int, int, int]] = []
-        self._seq = 0
-        self._next = 0  # next arrival to route
-        self._interval = config.load_report_interval_s
-        self._loads: Loads | None = None  # the last load report taken
         self._pending: RoutingPoint | None = None
-        # routers that read no load (round-robin) spare the cluster its load reports
-        self._reads_loads = router is None or router.reads_loads
+        self._report: tuple[int, Loads] | None = None
+        self._bind()
         if router is not None:
             router.reset(RouterContext(config=config, seed=seed,
                                        ttft_target_s=float(np.min(self.ttft)) if n else 0.0,
                                        tpot_target_s=float(np.min(self.tpot)) if n else 0.0,
                                        num_requests=n))
+
+    @staticmethod
+    def _batched(trace: Trace, config: ClusterConfig) -> L.State:
+        engines = config.engines
+        block = max(int(e.block_size or 1) for e in engines)
+        rows = max(max(L.LOG_ROWS, 4 * e.max_num_seqs) for e in engines)
+        return K.batched_states(config.num_instances, len(trace), block, rows)
+
+    @staticmethod
+    def _rule(router: Router | None) -> tuple[int, dict[int, float]]:
+        """The router's compiled rule, or the door. A subclass that overrides ``route``
+        answers at the door (its own rule)."""
+        from cbgym.agents.routing.compiled import CompiledRule
+
+        if isinstance(router, CompiledRule) and type(router).route is CompiledRule.route:
+            return router.kernel_rule()
+        return ro.DOOR, {}
+
+    def _cluster_state(self, trace: Trace, config: ClusterConfig, router: Router | None,
+                       lock_step: bool, audit: bool) -> K.ClusterState:
+        n, N = len(trace), config.num_instances
+        inst, _ = static_tables(config)
+        inst[K.KEYED] = self._keyed
+        code, params = self.rule
+        ci = np.zeros(K.NUM_CCI, np.int64)
+        ci[K.N_INST], ci[K.ROUTER] = N, code
+        ci[K.READS_LOADS] = router is None or router.reads_loads
+        ci[K.PIPELINED] = config.link.mode == "pipelined"
+        ci[K.AUDIT] = audit
+        ci[K.MAX_SEQS_ANY] = max(e.max_num_seqs for e in config.engines)
+        si = np.zeros(K.NUM_CSI, np.int64)
+        si[K.STOPPED] = -1
+        # whose clock bounds each instance's: every other prefill or decode instance (an
+        # event can reach an instance through a chain: D2 starts a transfer, P's blocks are
+        # freed when it lands, P admits and delivers to D1; a new transfer can also make
+        # another land earlier), none for a unified one
+        pd = self.role != ROLE_CODES["unified"]
+        peer = np.ones((N, N), np.int64) if lock_step else np.outer(pd, pd).astype(np.int64)
+        np.fill_diagonal(peer, 0)
+        req = np.zeros((K.NUM_CREQ, n), np.int64)
+        req[K.PREFILL_I] = req[K.DECODE_I] = NOT_ROUTED
+        hcap = 4 * n + N * int(ci[K.MAX_SEQS_ANY]) + 64
+        nic = np.full(N, config.link.nic_bytes_per_s)
+        f64, i64 = np.float64, np.int64
+        return K.ClusterState(
+            ci, rule_settings(config, params), si, np.zeros(K.NUM_CSF),
+            np.ascontiguousarray(trace.arrival_s, f64),
+            np.ascontiguousarray(trace.prompt_tokens, i64),
+            np.ascontiguousarray(trace.output_tokens, i64), np.ascontiguousarray(self.ttft, f64),
+            np.ascontiguousarray(self.tpot, f64), req, np.full((K.NUM_CTIME, n), np.nan), inst,
+            peer, np.zeros(hcap),
+            np.zeros((4, hcap), np.int64), np.zeros(n + 64, np.int64),
+            np.zeros((len(LOAD_FIELDS), N)), np.zeros((len(LOAD_FIELDS), N)),
+            np.zeros(K.ROUTE_FIELDS, np.int64),
+            K.new_link(nic, config.link.setup_s, cap=max(64, min(n, 4096) + 8)))
+
+    def _bind(self) -> None:
+        C, S, P = self.C, self.S, self.P
+        self._run = bind(loop.run, C, S, P)
+        self._place = bind(loop.place, C, S, 0, 0.0, 0, 0, 0)
+        self._take = bind(loop.take_loads, C, S, P, C.live)
+
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        for name in ("_run", "_place", "_take"):
+            del state[name]
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        for i, eng in enumerate(self.engines):  # views into the batched arrays again
+            st = eng.__getstate__()
+            st["state"] = K.view(self.S, i)
+            eng.__setstate__(st)
+        self._bind()
 
     # ------------------------------------------------------------------ the loop
     def run(self) -> None:
@@ -154,41 +269,54 @@ class Cluster:
         while (rp := self.next_routing_point()) is not None:
             self.route(self.router.route(rp))
 
+    def _advance(self) -> int:
+        """Call the compiled loop until it stops at the door or drains; act on the other
+        stops (ask a local policy, empty a buffer, grow one, raise)."""
+        while True:
+            code = self._run(self.C, self.S, self.P)
+            if code in (K.CL_DRAINED, K.CL_AT_ROUTE):
+                return int(code)
+            if code == K.CL_GROW:
+                self._grow()
+                continue
+            if code == K.CL_BAD_ROUTE:
+                i = int(self.C.si[K.BAD])
+                raise InvalidRouteError(
+                    f"router {getattr(self.router, 'name', '?')!r}: its route cannot be "
+                    f"applied on this cluster (instance {i}: no pool the rule needs, or a "
+                    "chunk cap on an instance without chunked prefill)")
+            i = int(self.C.si[K.STOPPED])
+            eng = self.engines[i]
+            if code == K.CL_NEED_ROOM:
+                eng.recorder.flush()
+            elif code == K.CL_STUCK:
+                eng.settle(L.TOO_MANY_IDLE_TICKS)  # raises EngineStuckError
+            else:
+                eng.settle(L.AT_DECISION)
+                eng.decide(self.policies[i].decide(eng._decision_point()))
+
+    def _grow(self) -> None:
+        C = self.C
+        heap_t, heap = C.heap_t, C.heap
+        if C.si[K.HEAP_N] + C.ci[K.MAX_SEQS_ANY] + 2 > len(heap_t):
+            heap_t, heap = K.grow(heap_t), K.grow(heap)
+        link = C.link
+        if link.si[K.LN] + 2 > link.i.shape[1]:
+            link = K.grow_link(link)
+        tid_rid = C.tid_rid if C.si[K.LAST_TID] + 2 < len(C.tid_rid) else K.grow(C.tid_rid)
+        self.C = C._replace(heap_t=heap_t, heap=heap, link=link, tid_rid=tid_rid)
+
     # ------------------------------------------------------------------ the door
     def next_routing_point(self) -> RoutingPoint | None:
         """Advance to the next arrival and return its routing point; None once every
         request has been placed and the cluster has drained."""
         if self._pending is not None:
             return self._pending
-        engines, arrival = self.engines, self.trace.arrival_s
-        n = len(arrival)
-        while True:
-            t_arr = arrival[self._next] if self._next < n else math.inf
-            t_heap = self._events[0][0] if self._events else math.inf
-            t_link = self.link.next_event_time()
-            t_rep = self._report_due(t_arr)
-            t_ext = min(t_arr, t_heap, t_link, t_rep)
-            i = self._earliest_active()
-            if i < 0 and t_ext == math.inf:
-                return None
-            if i < 0 or t_ext <= engines[i].now:
-                if t_arr == t_ext and t_ext not in (t_heap, t_link, t_rep):
-                    self._pending = self.routing_point(self._next, t_arr)
-                    return self._pending
-                self._handle(t_ext, t_link, t_heap, t_rep)
-                continue
-            until = t_ext
-            if not self._asleep(i) or self._keyed[i]:
-                # (an idle instance whose policy is asked outside the kernel re-checks its
-                # queue every idle tick, up to the next external event: bounding it by its
-                # peers would make two such instances creep forward one ulp at a time)
-                for j in self.peers[i]:
-                    if self.active[j] and not (self._keyed[j] and self._asleep(j)):
-                        until = min(until, np.nextafter(engines[j].now, math.inf))
-            code = engines[i].run_until(until, None if self._keyed[i] else self.policies[i])
-            self._read_outbox(i)
-            if code == L.DRAINED:
-                self.active[i] = False
+        if self._advance() == K.CL_DRAINED:
+            return None
+        rid = int(self.C.si[K.NEXT])
+        self._pending = self.routing_point(rid, float(self.trace.arrival_s[rid]))
+        return self._pending
 
     def route(self, route: Route) -> None:
         """Place the pending request (:meth:`next_routing_point`) as ``route`` says."""
@@ -196,108 +324,33 @@ class Cluster:
             raise RuntimeError("Cluster.route() called with no pending routing point; call "
                                "next_routing_point() first")
         rp, self._pending = self._pending, None
-        self._place(rp.request_id, rp.now, check_route(route, self.role))
-        self._next += 1
-
-    def _asleep(self, j: int) -> bool:
-        """Instance j's last iteration scheduled nothing and nothing runs there. With a
-        policy decided in the kernel only an event of the cluster can change that, no
-        earlier than the event: it bounds nobody's clock (else two idle instances would
-        bound each other's and creep forward one ulp at a time)."""
-        si = self.engines[j].state.si
-        return bool(si[L.IDLED] and si[L.N_RUN] == 0)
-
-    def _earliest_active(self) -> int:
-        best, t = -1, math.inf
-        for i, (on, eng) in enumerate(zip(self.active.tolist(), self.engines, strict=True)):
-            if on and eng.state.sf[L.NOW] < t:
-                best, t = i, eng.state.sf[L.NOW]
-        return best
-
-    def _report_due(self, t_arr: float) -> float:
-        """When the next load report that a router will read is taken: the last report at
-        or before the next arrival, unless taken already (reports no arrival reads are
-        skipped: nothing could tell). inf when routers read live load or none."""
-        if self._interval == 0 or not self._reads_loads or t_arr == math.inf:
-            return math.inf
-        r = min(math.floor(t_arr / self._interval) * self._interval, t_arr)  # (rounding)
-        return r if self._loads is None or r > self._loads.report_s else math.inf
-
-    def _handle(self, t: float, t_link: float, t_heap: float, t_rep: float) -> None:
-        """Handle an event at time ``t``: landings, then deliveries and transfer starts, then
-        a load report (arrivals, after them, stop at the door)."""
-        if t_link == t:
-            for tid in self.link.advance(t):
-                self.kv.landed(int(tid), t)
-        elif t_heap == t:
-            _, kind, _, rid, computed = heapq.heappop(self._events)
-            if kind in (_CHUNK, _DONE):
-                self.kv.prefill_progress(rid, t, computed, kind == _DONE)
-            elif kind == _P_SHED:
-                self.kv.prefill_shed(rid, t)
-            elif kind == _ALLOC:
-                self.kv.allocated_on_decode(rid, t)
-            else:
-                self.kv.decode_shed(rid)
-        else:
-            self._loads = self.loads(t)
-
-    def _push(self, t: float, kind: int, rid: int, computed: int = 0) -> None:
-        heapq.heappush(self._events, (t, kind, self._seq, rid, computed))
-        self._seq += 1
-
-    def _read_outbox(self, i: int) -> None:
-        """Turn an instance's outbox into events at the times they happened."""
-        s = self.engines[i].state
-        for k in range(s.si[L.OUTBOX_N]):
-            rid = int(s.ids[L.OUTBOX, k])
-            t = float(s.times[L.KV_EVENT, rid])
-            status = s.req[L.STATUS, rid]
-            if self.role[i] == ROLE_CODES["prefill"]:
-                kind = _P_SHED if status == L.SHED else _DONE if status == L.FINISHED else _CHUNK
-                self._push(t, kind, rid, int(s.req[L.COMPUTED, rid]))
-            else:
-                self._push(t, _D_SHED if status == L.SHED else _ALLOC, rid)
-        s.si[L.OUTBOX_N] = 0
-
-    # ------------------------------------------------------------------ events
-    def _place(self, rid: int, t: float, route: Route) -> None:
-        target = route.decode if route.prefill is None else route.prefill
-        if route.chunk_cap and route.shed_reason is None and not (
-                self.engines[int(target)].config.chunked_prefill):  # type: ignore[arg-type]
-            raise InvalidRouteError(f"Route.chunk_cap={route.chunk_cap}: instance {target} "
-                                    "has no chunked prefill to cap")
+        route = check_route(route, self.role)
+        rid = rp.request_id
         if route.shed_reason is not None:
             self.router_shed[rid] = route.shed_reason
-            return
-        self.decode_instance[rid] = route.decode
-        out = int(self.trace.output_tokens[rid])
-        if route.prefill is None:
-            self.deflected[rid] = self.role[route.decode] == ROLE_CODES["decode"]
-            self.chunk_cap[rid] = route.chunk_cap
-            self.give(int(route.decode), rid, t, out, 0, L.LOCAL, route.chunk_cap)
         else:
-            self.prefill_instance[rid] = route.prefill
-            keep = L.PIPELINED if self.kv.pipelined else L.BULK
-            self.give(int(route.prefill), rid, t, 1, keep, L.LOCAL, route.chunk_cap)
-            if self.kv.pipelined:  # D takes it at once, to hold blocks for each chunk
-                self.give(int(route.decode), rid, t, out, 0, L.REMOTE_NEW)
-            else:
-                self.incoming[route.decode] += 1
-
-    def give(self, i: int, rid: int, t: float, out: int, keep: int, remote: int,
-             cap: int = 0) -> None:
-        """Deliver ``rid`` to instance ``i`` at ``t`` (:func:`cbgym.engine.handoff.deliver`)."""
-        self._deliver(self.engines[i].state, rid, t, out, keep, remote, cap)
-        self.active[i] = True
+            target = int(route.decode if route.prefill is None else route.prefill)  # type: ignore[arg-type]
+            if route.chunk_cap and not self.engines[target].config.chunked_prefill:
+                raise InvalidRouteError(f"Route.chunk_cap={route.chunk_cap}: instance {target} "
+                                        "has no chunked prefill to cap")
+            prefill = NOT_ROUTED if route.prefill is None else int(route.prefill)
+            self._place(self.C, self.S, np.int64(rid), float(rp.now), np.int64(prefill),
+                        np.int64(route.decode), np.int64(route.chunk_cap))
+        self.C.si[K.NEXT] = rid + 1
 
     # ------------------------------------------------------------------ what routers see
     def routing_point(self, rid: int, t: float) -> RoutingPoint:
         """The door's question for ``rid`` arriving at ``t``: load as of the last report
         (live with ``load_report_interval_s=0``; none for a router that reads none)."""
         loads = None
-        if self._reads_loads:
-            loads = self.loads(t) if self._interval == 0 else self._loads
+        if self.C.ci[K.READS_LOADS]:
+            if self.config.load_report_interval_s == 0:
+                loads = self.loads(t)
+            elif self.C.si[K.HAVE_REPORT]:
+                k = int(self.C.si[K.REPORTS])
+                if self._report is None or self._report[0] != k:  # one Loads per report
+                    self._report = (k, loads_of(self.C.loads, self.C.sf[K.REPORT_S]))
+                loads = self._report[1]
         return RoutingPoint(
             request_id=rid, now=t, prompt_tokens=int(self.trace.prompt_tokens[rid]),
             waited_s=0.0, ttft_target_s=float(self.ttft[rid]),
@@ -306,34 +359,61 @@ class Cluster:
 
     def loads(self, t: float) -> Loads:
         """Every instance's load signals now (stamped ``t``)."""
-        N = len(self.engines)
-        cols = {f: np.zeros(N) for f in LOAD_FIELDS}
-        for i in range(N):
-            cols["transfers_out"][i], cols["transfers_in"][i] = self.link.in_flight(i)
-        cols["incoming"][:], cols["kv_held_for_transfer"][:] = self.incoming, self.kv_out
-        for i, eng in enumerate(self.engines):
-            s = eng.state
-            w, r = eng.waiting_ids, eng.running_ids
-            prompt, computed = s.req[L.PROMPT], s.req[L.COMPUTED]
-            local = s.req[L.REMOTE, w] == L.LOCAL
-            cols["num_waiting"][i] = len(w)
-            cols["waiting_prefill_tokens"][i] = (s.req[L.TOKENS, w][local]
-                                                 - s.req[L.HOST_TOKENS, w][local]).sum()
-            cols["num_running"][i] = len(r)
-            left = np.maximum(prompt[r] - computed[r], 0)
-            cols["decode_batch"][i] = int((left == 0).sum())
-            cols["decode_context_tokens"][i] = computed[r][left == 0].sum()
-            cols["running_prefill_tokens"][i] = left.sum()
-            cols["free_blocks"][i] = s.si[L.FREE]
-            cols["kv_usage"][i] = 1.0 - s.si[L.FREE] / eng.kv.num_blocks
-            if self.role[i] == ROLE_CODES["decode"]:
-                cols["local_prefills"][i] = (int((left > 0)[self.deflected[r]].sum())
-                                             + int((local & self.deflected[w]).sum()))
-            cols["last_iteration_s"][i] = s.sf[L.LAST_DT]
-        ints = {k: v.astype(np.int64) for k, v in cols.items()
-                if k not in ("kv_usage", "last_iteration_s")}
-        return Loads(report_s=t, kv_usage=cols["kv_usage"],
-                     last_iteration_s=cols["last_iteration_s"], **ints)
+        self._take(self.C, self.S, self.P, self.C.live)
+        return loads_of(self.C.live, t)
+
+    # ------------------------------------------------------------------ per request
+    @property
+    def prefill_instance(self) -> np.ndarray:
+        return self.C.req[K.PREFILL_I]
+
+    @property
+    def decode_instance(self) -> np.ndarray:
+        return self.C.req[K.DECODE_I]
+
+    @property
+    def deflected(self) -> np.ndarray:
+        return self.C.req[K.DEFLECTED].astype(bool)
+
+    @property
+    def chunk_cap(self) -> np.ndarray:
+        return self.C.req[K.CAP]
+
+    @property
+    def prefill_done_s(self) -> np.ndarray:
+        return self.C.times[K.PREFILL_DONE]
+
+    @property
+    def transfer_start_s(self) -> np.ndarray:
+        return self.C.times[K.T_START]
+
+    @property
+    def transfer_end_s(self) -> np.ndarray:
+        return self.C.times[K.T_END]
+
+    @property
+    def transfer_bytes(self) -> np.ndarray:
+        return self.C.req[K.BYTES]
+
+    @property
+    def kv_out(self) -> np.ndarray:
+        """Per instance: requests whose KV a prefill instance still holds."""
+        return self.C.inst[K.KV_OUT]
+
+    @property
+    def incoming(self) -> np.ndarray:
+        """Per decode instance: requests routed there, still prefilling elsewhere."""
+        return self.C.inst[K.INCOMING]
+
+    @property
+    def transfers_audited(self) -> tuple[int, int]:
+        """(starts, landings) checked with ``audit=True``."""
+        return int(self.C.si[K.STARTS]), int(self.C.si[K.LANDS])
+
+    @property
+    def instance_calls(self) -> int:
+        """How many times the loop advanced an instance (a measure of its work)."""
+        return int(self.C.si[K.ADVANCES])
 
 
 def local_policies(policy: str | Policy | type[Policy], count: int) -> list[Policy]:

@@ -10,131 +10,168 @@
 
 Either way P keeps its blocks until every transfer has landed; D's 1-token step then samples
 the first token. A request one side sheds is ended on the other (P's copy freed once nothing
-is in flight).
+is in flight). Compiled: the cluster loop (:mod:`cbgym.cluster.loop`) calls these on its
+events; per-request state is the ``ClusterState.req`` rows of :mod:`cbgym.cluster.state`.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 
+from cbgym.cluster import link_ops
+from cbgym.cluster.state import (
+    ACTIVE,
+    ALLOCATED,
+    AUDIT,
+    BLOCK,
+    BYTES,
+    DECODE_I,
+    DROPPED,
+    INCOMING,
+    INFLIGHT,
+    KV_BYTES,
+    KV_OUT,
+    LANDS,
+    LAST_TID,
+    P_DONE,
+    PIPELINED,
+    PREFILL_DONE,
+    PREFILL_I,
+    READY,
+    SENT,
+    STARTS,
+    T_END,
+    T_START,
+    ClusterState,
+    instance,
+)
 from cbgym.engine import handoff
 from cbgym.engine import layout as L
-from cbgym.engine.jit import bind
-
-if TYPE_CHECKING:
-    from cbgym.cluster.cluster import Cluster
+from cbgym.engine.jit import no_alloc_kernel
+from cbgym.engine.layout import State
 
 
-class Handoff:
-    """Per-request transfer state of one cluster run (arrays indexed by request id)."""
+@no_alloc_kernel
+def give(C: ClusterState, S: State, i: int, rid: int, t: float, out: int, keep: int,
+         remote: int, cap: int, rank: int) -> None:
+    """Deliver ``rid`` to instance ``i`` at ``t`` (:func:`cbgym.engine.handoff.deliver`;
+    ``rank`` 0 for an event's delivery, 1 for an arrival's: events of one instant first)."""
+    handoff.deliver(instance(S, i), rid, t, out, keep, remote, cap, rank)
+    C.inst[ACTIVE, i] = 1
 
-    def __init__(self, c: Cluster) -> None:
-        self.c = c
-        n = len(c.trace)
-        self.pipelined = c.config.link.mode == "pipelined"
-        self.sent = np.zeros(n, np.int64)  # prompt tokens whose KV is sent or in flight
-        self.ready = np.zeros(n, np.int64)  # prompt tokens P has computed (pipelined)
-        self.inflight = np.zeros(n, np.int64)
-        self.allocated = np.zeros(n, bool)  # D holds blocks for the prompt
-        self.p_done = np.zeros(n, bool)
-        self.dropped = np.zeros(n, bool)  # ended on one side: no KV is needed any more
-        self.tid_rid: dict[int, int] = {}
-        self._tid = 0
-        s0 = c.engines[0].state
-        self._release = bind(handoff.release_kv, s0, 0)
-        self._landed = bind(handoff.kv_landed, s0, 0)
 
-    def _engines(self, rid: int) -> tuple[int, int]:
-        return int(self.c.prefill_instance[rid]), int(self.c.decode_instance[rid])
+# ------------------------------------------------------------------ from P
+@no_alloc_kernel
+def prefill_progress(C: ClusterState, S: State, rid: int, t: float, computed: int,
+                     done: bool) -> None:
+    """P computed a chunk of ``rid``'s prompt (``done``: its last one) at ``t``."""
+    r = C.req
+    p, d = r[PREFILL_I, rid], r[DECODE_I, rid]
+    if done:
+        r[P_DONE, rid] = 1
+        C.times[PREFILL_DONE, rid] = t
+        C.inst[KV_OUT, p] += 1
+    r[READY, rid] = computed
+    if r[DROPPED, rid]:
+        if done and r[INFLIGHT, rid] == 0:
+            free_prefill(C, S, rid)
+        return
+    if not C.ci[PIPELINED]:
+        if done:  # D takes it now, its KV still on P
+            C.inst[INCOMING, d] -= 1
+            give(C, S, d, rid, t, C.output[rid], 0, L.REMOTE_NEW, 0, 0)
+        return
+    if r[ALLOCATED, rid]:
+        send(C, S, rid, t)
 
-    # ------------------------------------------------------------------ from P
-    def prefill_progress(self, rid: int, t: float, computed: int, done: bool) -> None:
-        """P computed a chunk of ``rid``'s prompt (``done``: its last one) at ``t``."""
-        c = self.c
-        p, d = self._engines(rid)
-        if done:
-            self.p_done[rid] = True
-            c.prefill_done_s[rid] = t
-            c.kv_out[p] += 1
-        self.ready[rid] = computed
-        if self.dropped[rid]:
-            if done and self.inflight[rid] == 0:
-                self._free_prefill(rid)
-            return
-        if not self.pipelined:
-            if done:  # D takes it now, its KV still on P
-                c.incoming[d] -= 1
-                c.give(d, rid, t, int(c.trace.output_tokens[rid]), 0, L.REMOTE_NEW)
-            return
-        if self.allocated[rid]:
-            self._send(rid, t)
 
-    def prefill_shed(self, rid: int, t: float) -> None:
-        """P shed ``rid`` (it never fits there): a pipelined D drops its copy."""
-        self.dropped[rid] = True
-        if self.pipelined:
-            p, d = self._engines(rid)
-            eng_p, eng_d = self.c.engines[p], self.c.engines[d]
-            reason = eng_p.req.reasons[int(eng_p.state.req[L.REASON, rid])]
-            handoff.drop(eng_d.state, rid, t, eng_d.reason_code(reason))
-            self.c.active[d] = True
+@no_alloc_kernel
+def prefill_shed(C: ClusterState, S: State, rid: int, t: float) -> None:
+    """P shed ``rid`` (it never fits there): a pipelined D drops its copy (the instances of
+    a cluster share their shed-reason codes)."""
+    C.req[DROPPED, rid] = 1
+    if C.ci[PIPELINED]:
+        p, d = C.req[PREFILL_I, rid], C.req[DECODE_I, rid]
+        handoff.drop(instance(S, d), rid, t, S.req[p, L.REASON, rid])
+        C.inst[ACTIVE, d] = 1
 
-    # ------------------------------------------------------------------ from D
-    def allocated_on_decode(self, rid: int, t: float) -> None:
-        """D holds blocks for ``rid``'s prompt: what P has computed moves now."""
-        self.allocated[rid] = True
-        self._send(rid, t)
 
-    def decode_shed(self, rid: int) -> None:
-        """D shed ``rid``: P's copy is freed once its prefill is done and nothing is in
-        flight."""
-        self.dropped[rid] = True
-        if self.p_done[rid] and self.inflight[rid] == 0:
-            self._free_prefill(rid)
+# ------------------------------------------------------------------ from D
+@no_alloc_kernel
+def allocated_on_decode(C: ClusterState, S: State, rid: int, t: float) -> None:
+    """D holds blocks for ``rid``'s prompt: what P has computed moves now."""
+    C.req[ALLOCATED, rid] = 1
+    send(C, S, rid, t)
 
-    # ------------------------------------------------------------------ the link
-    def _send(self, rid: int, t: float) -> None:
-        c = self.c
-        p, d = self._engines(rid)
-        tokens = (int(self.ready[rid]) if self.pipelined else int(c.trace.prompt_tokens[rid]))
-        tokens -= int(self.sent[rid])
-        if tokens <= 0:
-            return
-        nbytes = tokens * int(c.engines[p].config.kv_bytes_per_token or 0)
-        if np.isnan(c.transfer_start_s[rid]):
-            c.transfer_start_s[rid] = t
-        c.transfer_bytes[rid] += nbytes
-        self.sent[rid] += tokens
-        self.inflight[rid] += 1
-        self._tid += 1
-        self.tid_rid[self._tid] = rid
-        c.link.start(self._tid, p, d, float(nbytes), t)
 
-    def landed(self, tid: int, t: float) -> None:
-        """Transfer ``tid`` landed at ``t``: once all of a request's KV is on D, P frees its
-        copy and D admits the request's 1-token step."""
-        c = self.c
-        rid = self.tid_rid.pop(tid)
-        self.inflight[rid] -= 1
-        complete = (self.p_done[rid] and self.inflight[rid] == 0
-                    and self.sent[rid] == c.trace.prompt_tokens[rid])
-        if self.dropped[rid]:
-            if self.p_done[rid] and self.inflight[rid] == 0:
-                self._free_prefill(rid)
-            return
-        if not complete:
-            return
-        p, d = self._engines(rid)
-        c.transfer_end_s[rid] = t
-        self._free_prefill(rid)
-        self._landed(c.engines[d].state, rid)
-        c.active[d] = True
+@no_alloc_kernel
+def decode_shed(C: ClusterState, S: State, rid: int) -> None:
+    """D shed ``rid``: P's copy is freed once its prefill is done and nothing is in flight
+    (at once, unless its KV had landed already: P freed it then)."""
+    C.req[DROPPED, rid] = 1
+    if C.req[P_DONE, rid] and C.req[INFLIGHT, rid] == 0 and np.isnan(C.times[T_END, rid]):
+        free_prefill(C, S, rid)
 
-    def _free_prefill(self, rid: int) -> None:
-        c = self.c
-        p, _ = self._engines(rid)
-        self._release(c.engines[p].state, rid)
-        c.kv_out[p] -= 1
-        c.active[p] = True
+
+# ------------------------------------------------------------------ the link
+@no_alloc_kernel
+def send(C: ClusterState, S: State, rid: int, t: float) -> None:
+    r = C.req
+    p, d = r[PREFILL_I, rid], r[DECODE_I, rid]
+    tokens = r[READY, rid] if C.ci[PIPELINED] else C.prompt[rid]
+    tokens -= r[SENT, rid]
+    if tokens <= 0:
+        return
+    if C.ci[AUDIT]:  # D holds blocks for the whole prompt, P still its copy of what moves
+        assert S.req[d, L.HELD, rid] == -(-C.prompt[rid] // C.inst[BLOCK, d]), "audit: D"
+        assert S.req[p, L.HELD, rid] >= -(-(r[SENT, rid] + tokens) // C.inst[BLOCK, p]), (
+            "audit: P")
+        C.si[STARTS] += 1
+    nbytes = tokens * C.inst[KV_BYTES, p]
+    if np.isnan(C.times[T_START, rid]):
+        C.times[T_START, rid] = t
+    r[BYTES, rid] += nbytes
+    r[SENT, rid] += tokens
+    r[INFLIGHT, rid] += 1
+    C.si[LAST_TID] += 1
+    C.tid_rid[C.si[LAST_TID]] = rid
+    link_ops.start(C.link, C.si[LAST_TID], p, d, float(nbytes), t)
+
+
+@no_alloc_kernel
+def landed(C: ClusterState, S: State, tid: int, t: float) -> None:
+    """Transfer ``tid`` landed at ``t``: once all of a request's KV is on D, P frees its
+    copy and D admits the request's 1-token step."""
+    r = C.req
+    rid = C.tid_rid[tid]
+    r[INFLIGHT, rid] -= 1
+    complete = (r[P_DONE, rid] != 0 and r[INFLIGHT, rid] == 0
+                and r[SENT, rid] == C.prompt[rid])
+    if r[DROPPED, rid]:
+        if r[P_DONE, rid] and r[INFLIGHT, rid] == 0:
+            free_prefill(C, S, rid)
+        return
+    if not complete:
+        return
+    d = r[DECODE_I, rid]
+    C.times[T_END, rid] = t
+    if C.ci[AUDIT]:
+        p = r[PREFILL_I, rid]
+        held, free = S.req[p, L.HELD, rid], S.si[p, L.FREE]
+        free_prefill(C, S, rid)
+        assert S.req[p, L.HELD, rid] == 0 and S.si[p, L.FREE] == free + held, "audit: landing"
+        assert S.req[d, L.HELD, rid] == -(-C.prompt[rid] // C.inst[BLOCK, d]), "audit: D kept"
+        C.si[LANDS] += 1
+    else:
+        free_prefill(C, S, rid)
+    handoff.kv_landed(instance(S, d), rid)
+    C.inst[ACTIVE, d] = 1
+
+
+@no_alloc_kernel
+def free_prefill(C: ClusterState, S: State, rid: int) -> None:
+    p = C.req[PREFILL_I, rid]
+    handoff.release_kv(instance(S, p), rid)
+    C.inst[KV_OUT, p] -= 1
+    assert C.inst[KV_OUT, p] >= 0, "a prefill instance's KV freed twice"
+    C.inst[ACTIVE, p] = 1

@@ -31,6 +31,9 @@ the burst drains. This model re-shares at every join and landing and tracks per-
 the InfiniBand HDR line rate of 200 Gb/s = 25 GB/s per NIC. (2) One bulk read of the whole prompt's
 KV blocks after the prefill (vLLM ``NixlConnector``), so one transfer per request.
 
+The kernels are :mod:`cbgym.cluster.link_ops` (the compiled cluster loop calls them directly);
+:class:`Link` is their Python door, for tests and for reading a link's state.
+
 Numerics: bytes are progressed at the current rates between events. A transfer lands when the
 event clock reaches its computed landing time, or when its remaining time is within ``1e-12``
 of its sharing time so far plus 4 ulps of the clock: rounding in ``bytes -= rate * dt`` is of
@@ -54,10 +57,20 @@ from typing import NamedTuple
 
 import numpy as np
 
-# Remaining time, relative to the time a transfer has shared so far, under which it has landed.
-_REL_TOL = 1e-12
-# ... plus this many ulps of the clock: the rounding of the event times themselves.
-_CLOCK_ULPS = 4.0
+from cbgym.cluster import link_ops as ops
+from cbgym.cluster.state import (
+    DST,
+    LEFT,
+    LN,
+    NOW,
+    RATE,
+    SRC,
+    TID,
+    LinkState,
+    grow_link,
+    new_link,
+)
+from cbgym.engine.jit import bind
 
 
 class LinkLoad(NamedTuple):
@@ -90,24 +103,20 @@ class Link:
             raise ValueError(f"setup_s: expected a finite value >= 0, got {setup_s!r}")
         self._n = int(nic.size)
         self._nic = _frozen(nic.copy())
-        self._cap = np.concatenate([nic, nic])  # resources: egress 0..N-1, ingress N..2N-1
         self._setup = setup
-        self._now = 0.0
-        self._pending: list[int] = []  # landed while start() moved the clock; next advance()
-        self._cached: float | None = None  # next_event_time until the link next changes
-        # In-flight transfers, parallel arrays sorted by tid (deterministic water-filling order).
-        self._tid = np.zeros(0, np.int64)
-        self._src = np.zeros(0, np.intp)
-        self._dst = np.zeros(0, np.intp)
-        self._left = np.zeros(0, np.float64)
-        self._join = np.zeros(0, np.float64)  # time its setup ends
-        self._rate = np.zeros(0, np.float64)  # 0 while in setup
-        self._joined = np.zeros(0, bool)
+        self.state: LinkState = new_link(nic, setup)
+        lk = self.state
+        self._start = bind(ops.start, lk, 0, 0, 0, 0.0, 0.0)
+        self._advance = bind(ops.advance, lk, 0.0)
+        self._next = bind(ops.next_event_time, lk)
 
     # -- read-only state ----------------------------------------------------------------------
+    def _col(self, row: np.ndarray) -> np.ndarray:
+        return row[: self.state.si[LN]]
+
     @property
     def now(self) -> float:
-        return self._now
+        return float(self.state.sf[NOW])
 
     @property
     def num_instances(self) -> int:
@@ -122,33 +131,36 @@ class Link:
         return self._nic
 
     def __len__(self) -> int:
-        return int(self._tid.size)
+        return int(self.state.si[LN])
 
     def __contains__(self, tid: object) -> bool:
         return isinstance(tid, int | np.integer) and self._find(int(tid)) >= 0
 
     def tids(self) -> tuple[int, ...]:
         """Transfers in flight, by tid."""
-        return tuple(self._tid.tolist())
+        return tuple(self._col(self.state.i[TID]).tolist())
 
     def bytes_left(self, tid: int) -> float:
-        return float(self._left[self._index(tid)])
+        return float(self.state.f[LEFT, self._index(tid)])
 
     def rate(self, tid: int) -> float:
-        return float(self._rate[self._index(tid)])
+        return float(self.state.f[RATE, self._index(tid)])
 
     def in_flight(self, instance: int) -> tuple[int, int]:
         """(transfers out of, transfers into) ``instance`` in flight, in setup included."""
         i = self._instance(instance, "instance")
-        return int(np.count_nonzero(self._src == i)), int(np.count_nonzero(self._dst == i))
+        src, dst = self._col(self.state.i[SRC]), self._col(self.state.i[DST])
+        return int(np.count_nonzero(src == i)), int(np.count_nonzero(dst == i))
 
     def load(self) -> LinkLoad:
-        n, s, d = self._n, self._src, self._dst
+        n, lk = self._n, self.state
+        s, d = self._col(lk.i[SRC]), self._col(lk.i[DST])
+        left, rate = self._col(lk.f[LEFT]), self._col(lk.f[RATE])
         return LinkLoad(
-            _frozen(np.bincount(s, self._left, n)),
-            _frozen(np.bincount(d, self._left, n)),
-            _frozen(np.bincount(s, self._rate, n)),
-            _frozen(np.bincount(d, self._rate, n)),
+            _frozen(np.bincount(s, left, n)),
+            _frozen(np.bincount(d, left, n)),
+            _frozen(np.bincount(s, rate, n)),
+            _frozen(np.bincount(d, rate, n)),
             _frozen(np.bincount(s, minlength=n)),
             _frozen(np.bincount(d, minlength=n)),
         )
@@ -157,29 +169,12 @@ class Link:
         """Earliest time a setup ends or a transfer lands under current shares; inf if none.
         The clock itself while landings seen by ``start`` await the next ``advance``, so an
         event loop keyed on this time never strands them."""
-        if self._pending:
-            return self._now
-        if self._cached is None:  # (the loop asks far more often than the link changes)
-            self._cached = self._next_change() if self._tid.size else math.inf
-        return self._cached
-
-    def _next_change(self) -> float:
-        """The next join or landing, ignoring landings already awaiting ``advance``."""
-        t = math.inf
-        j = self._joined
-        if not j.all():
-            t = float(self._join[~j].min())
-        r = self._rate[j]
-        if (r > 0).any():
-            # Same expression as _move's `due`, so the transfer defining the event lands there.
-            t = min(t, float((self._now + self._left[j][r > 0] / r[r > 0]).min()))
-        return t
+        return float(self._next(self.state))
 
     # -- mutation -----------------------------------------------------------------------------
     def start(self, tid: int, src: int, dst: int, nbytes: float, now: float) -> None:
         """Start a transfer at ``now`` (>= the clock; the clock is moved there first, and
         transfers landing on the way are returned by the next ``advance``)."""
-        self._cached = None
         tid = operator.index(tid)
         s = self._instance(src, "src")
         d = self._instance(dst, "dst")
@@ -189,91 +184,23 @@ class Link:
         if not (math.isfinite(b) and b >= 0):
             raise ValueError(f"nbytes: expected a finite value >= 0, got {nbytes!r}")
         now = self._time(now, "now")
-        if now > self._now:
-            self._pending += self._run_until(now)
-        pos = int(np.searchsorted(self._tid, tid))
-        if pos < self._tid.size and self._tid[pos] == tid:
+        if tid in self:
             raise ValueError(f"tid: expected a tid not in flight, got {tid} (already in flight)")
-        join = now + self._setup
-        joined = join <= now  # setup 0 (or below the clock's resolution): shares at once
-        self._tid = np.insert(self._tid, pos, tid)
-        self._src = np.insert(self._src, pos, s)
-        self._dst = np.insert(self._dst, pos, d)
-        self._left = np.insert(self._left, pos, b)
-        self._join = np.insert(self._join, pos, join)
-        self._rate = np.insert(self._rate, pos, 0.0)
-        self._joined = np.insert(self._joined, pos, joined)
-        if joined:
-            self._reshare()
+        if len(self) + 1 >= self.state.i.shape[1]:
+            self.state = grow_link(self.state)
+        self._start(self.state, np.int64(tid), np.int64(s), np.int64(d), b, now)
 
     def advance(self, t: float) -> list[int]:
         """Move the clock to ``t``, processing every join and landing on the way in order and
         re-sharing at each; return the tids landed at or before ``t`` (time order, ties by tid)."""
-        self._cached = None
         t = self._time(t, "t")
-        landed, self._pending = self._pending, []
-        return landed + self._run_until(t)
+        k = self._advance(self.state, t)
+        return self.state.out[:k].tolist()
 
     # -- internals ----------------------------------------------------------------------------
-    def _run_until(self, t: float) -> list[int]:
-        landed: list[int] = []
-        # Each pass joins or lands at least one transfer, so this ends within 2n passes.
-        while (te := self._next_change()) <= t:
-            landed += self._move(te)
-        return landed + self._move(t)
-
-    def _move(self, t: float) -> list[int]:
-        """Progress to ``t`` (no event strictly before it), then join and land what is due."""
-        j, r, left = self._joined, self._rate, self._left
-        with np.errstate(divide="ignore", invalid="ignore"):
-            due = j & (r > 0) & (self._now + left / r <= t)
-        left -= r * (t - self._now)  # rate is 0 in setup, so only sharing transfers progress
-        np.maximum(left, 0.0, out=left)
-        tol = _REL_TOL * (t - self._join) + _CLOCK_ULPS * math.ulp(max(abs(self._now), abs(t)))
-        self._now = t
-        joins = ~j & (self._join <= t)
-        j |= joins
-        # A just-joined transfer has rate 0 here, so only a zero-byte one lands at its join.
-        land = j & (due | (left <= r * tol))
-        out: list[int] = []
-        if land.any():
-            out = self._tid[land].tolist()
-            keep = ~land
-            self._tid, self._src, self._dst = self._tid[keep], self._src[keep], self._dst[keep]
-            self._left, self._join, self._rate = left[keep], self._join[keep], r[keep]
-            self._joined = j[keep]
-        if out or joins.any():
-            self._reshare()
-        return out
-
-    def _reshare(self) -> None:
-        """Max-min fair rates by progressive filling: repeatedly find the resource with the
-        smallest fair share (capacity left / unfrozen users), freeze its users at that share."""
-        n2 = 2 * self._n
-        idx = np.flatnonzero(self._joined)
-        rate = np.zeros(self._tid.size)
-        src, dst = self._src[idx], self._dst[idx] + self._n
-        cap = self._cap.copy()
-        r = np.zeros(idx.size)
-        free = np.ones(idx.size, bool)
-        while free.any():
-            users = np.bincount(np.concatenate([src[free], dst[free]]), minlength=n2)
-            share = np.full(n2, math.inf)
-            np.divide(cap, users, out=share, where=users > 0)
-            f = share.min()
-            tight = share == f
-            frz = free & (tight[src] | tight[dst])
-            r[frz] = f
-            # One multiply per resource (not k subtractions): the leftover capacity rounds once.
-            k = np.bincount(np.concatenate([src[frz], dst[frz]]), minlength=n2)
-            cap = np.maximum(cap - k * f, 0.0)
-            free &= ~frz
-        rate[idx] = r
-        self._rate = rate
-
     def _find(self, tid: int) -> int:
-        pos = int(np.searchsorted(self._tid, tid))
-        return pos if pos < self._tid.size and self._tid[pos] == tid else -1
+        hit = np.flatnonzero(self._col(self.state.i[TID]) == tid)
+        return int(hit[0]) if hit.size else -1
 
     def _index(self, tid: int) -> int:
         pos = self._find(operator.index(tid))
@@ -291,6 +218,6 @@ class Link:
         t = float(t)
         if not math.isfinite(t):
             raise ValueError(f"{name}: expected a finite time, got {t!r}")
-        if t < self._now:
-            raise ValueError(f"{name}: expected a time >= the clock {self._now!r}, got {t!r}")
+        if t < self.now:
+            raise ValueError(f"{name}: expected a time >= the clock {self.now!r}, got {t!r}")
         return t

@@ -91,11 +91,14 @@ class Engine:
         routed: an instance of a cluster (:mod:`cbgym.cluster`): requests arrive only as
             its cluster delivers them, and it runs to the cluster's horizons
             (:meth:`run_until`) instead of through :meth:`next_decision`.
+        state: arrays to run in (a cluster's instance: views into the cluster's batched
+            state, which its compiled loop advances); new ones by default.
     """
 
     def __init__(self, trace: Trace, config: EngineConfig, consult: str = "on_change",
                  record_iterations: bool = False, keys: np.ndarray | None = None,
-                 decode_stretches: bool = True, routed: bool = False) -> None:
+                 decode_stretches: bool = True, routed: bool = False,
+                 state: L.State | None = None) -> None:
         if consult not in CONSULT_MODES:
             raise ValueError(f"Engine consult={consult!r}: expected one of {CONSULT_MODES}")
         assert config.num_kv_blocks is not None and config.block_size is not None
@@ -105,7 +108,7 @@ class Engine:
                                      decode_stretches)
         self.state = s = L.new_state(trace.arrival_s, trace.prompt_tokens, trace.output_tokens,
                                      config.num_kv_blocks, host_swap_tokens(config),
-                                     config.max_num_seqs, config.block_size, routed)
+                                     config.max_num_seqs, config.block_size, routed, state)
         if keys is not None:
             k = np.asarray(keys, dtype=np.float64)
             if k.shape != (len(trace),) or not np.isfinite(k).all():

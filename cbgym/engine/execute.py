@@ -157,8 +157,11 @@ def idle(s: State) -> int:
         return AT_DECISION  # a transfer starts now: its cluster moves before time does
     if sf[UNTIL] < np.inf and (remote_blocked(s) or s_keyed(s)):
         # a cluster's instance with nothing it can do (its policy is decided here, or it
-        # waits on KV): nothing changes before its cluster's next event
-        sf[NOW] = max(sf[NOW], sf[UNTIL])
+        # waits on KV): nothing changes before its cluster's next event or its next
+        # delivery (a cluster may deliver ahead of time)
+        nxt = si[NEXT_ARRIVAL]
+        wake = arrival[inbox[nxt]] if nxt < si[INBOX_N] else np.inf
+        sf[NOW] = max(sf[NOW], min(sf[UNTIL], wake))
         return AT_DECISION
     nxt = si[NEXT_ARRIVAL]
     if nxt < si[INBOX_N] and arrival[inbox[nxt]] > sf[NOW]:

@@ -22,10 +22,12 @@ from cbgym.engine.layout import (
     INBOX_N,
     KEEP_KV,
     KERNEL_POLICY,
+    NEXT_ARRIVAL,
     OUTBOX_N,
     OUTPUT,
     PENDING,
     PLAN_VALID,
+    RANK,
     REMOTE,
     REMOTE_READY,
     SHED,
@@ -39,21 +41,33 @@ from cbgym.engine.transitions import shed
 
 @no_alloc_kernel
 def deliver(s: State, rid: int, t: float, output: int, keep_kv: bool, remote: int,
-            chunk_cap: int) -> None:
-    """``rid`` arrives here at ``t`` (no earlier than the inbox's last arrival), to produce
-    ``output`` tokens (1 on a prefill instance: vLLM's proxy sends it with max_tokens=1),
-    keeping its blocks when it ends (``keep_kv``), its prompt's KV computed here or remote
-    (``layout.LOCAL`` / ``REMOTE_NEW``), at most ``chunk_cap`` prompt tokens an iteration
-    (0: the token budget's)."""
+            chunk_cap: int, rank: int) -> None:
+    """``rid`` arrives here at ``t``, to produce ``output`` tokens (1 on a prefill instance:
+    vLLM's proxy sends it with max_tokens=1), keeping its blocks when it ends (``keep_kv``),
+    its prompt's KV computed here or remote (``layout.LOCAL`` / ``REMOTE_NEW``), at most
+    ``chunk_cap`` prompt tokens an iteration (0: the token budget's).
+
+    The inbox stays in arrival order: a delivery later than requests already delivered but
+    not yet arrived (a cluster routes arrivals ahead of time) goes before them; among
+    deliveries of one instant, by ``rank`` (0 first: its cluster's events before
+    arrivals), then in delivery order. It never goes before a request that has arrived."""
     assert s.req[STATUS, rid] == PENDING, "a request delivered twice to one instance"
+    arrival, inbox, rank_of = s.times[ARRIVAL], s.ids[INBOX], s.req[RANK]
     n = s.si[INBOX_N]
-    assert n == 0 or s.times[ARRIVAL, s.ids[INBOX, n - 1]] <= t, "deliveries out of order"
-    s.times[ARRIVAL, rid] = t
+    pos = n
+    while pos > s.si[NEXT_ARRIVAL] and (
+            arrival[inbox[pos - 1]] > t
+            or (arrival[inbox[pos - 1]] == t and rank_of[inbox[pos - 1]] > rank)):
+        inbox[pos] = inbox[pos - 1]
+        pos -= 1
+    assert pos == 0 or arrival[inbox[pos - 1]] <= t, "a delivery before an arrived request"
+    arrival[rid] = t
     s.req[OUTPUT, rid] = output
     s.req[KEEP_KV, rid] = keep_kv
     s.req[REMOTE, rid] = remote
     s.req[CHUNK_CAP, rid] = chunk_cap
-    s.ids[INBOX, n] = rid
+    rank_of[rid] = rank
+    inbox[pos] = rid
     s.si[INBOX_N] = n + 1
     s.si[IDLED] = 0
 

@@ -93,8 +93,8 @@ class Params(NamedTuple):
 
 # ---------------------------------------------------------------- State.req rows (int64)
 (PROMPT, OUTPUT, TOKENS, COMPUTED, GENERATED, HOST_TOKENS, PREEMPTIONS, HELD, STATUS,
- REASON, KEEP_KV, REMOTE, CHUNK_CAP) = _codes(13)
-NUM_REQ_ROWS = 13
+ REASON, KEEP_KV, REMOTE, CHUNK_CAP, RANK) = _codes(14)
+NUM_REQ_ROWS = 14
 # ---------------------------------------------------------------- State.times rows (float64)
 ARRIVAL, FIRST_SCHEDULED, FIRST_TOKEN, FINISH, KEY, KV_EVENT, LAST_TOKEN, ITL_MAX = _codes(8)
 NUM_TIME_ROWS = 8
@@ -117,7 +117,8 @@ class State(NamedTuple):
     # computed), GENERATED, HOST_TOKENS (KV tokens swapped out to host), PREEMPTIONS,
     # HELD (KV blocks), STATUS (codes above), REASON (codes into REASONS); for a cluster's
     # instances: KEEP_KV (1: a prefill instance's request, whose blocks outlive it until its
-    # KV has been sent), REMOTE (LOCAL ... REMOTE_READY above), CHUNK_CAP (most prompt
+    # KV has been sent), REMOTE (LOCAL ... REMOTE_READY above), RANK (where a delivery
+    # goes among the inbox's deliveries of the same instant: 0 before 1), CHUNK_CAP (most prompt
     # tokens per iteration; 0: the budget's)
     req: np.ndarray
     # per request: ARRIVAL (at this instance), FIRST_SCHEDULED, FIRST_TOKEN, FINISH
@@ -149,17 +150,25 @@ class State(NamedTuple):
 
 def new_state(arrival_s: np.ndarray, prompt: np.ndarray, output: np.ndarray,
               num_blocks: int, host_free_tokens: int, max_seqs: int,
-              block_size: int, routed: bool = False) -> State:
-    """A fresh run's state. Every array is the state's own, C-contiguous and writeable, so a
-    state always has the same numba type (an unpickled one included). ``routed``: an
-    instance of a cluster, whose requests arrive only when delivered (an empty inbox)."""
+              block_size: int, routed: bool = False, out: State | None = None) -> State:
+    """A fresh run's state. Every array is C-contiguous and writeable, so a state always has
+    the same numba type (an unpickled one included). ``routed``: an instance of a cluster,
+    whose requests arrive only when delivered (an empty inbox). ``out``: arrays to start the
+    run in instead of new ones (a cluster's instance: views into its batched state), at
+    least as large as these would be."""
     n = len(arrival_s)
     log_rows = max(LOG_ROWS, 4 * max_seqs)
-    s = State(np.zeros((NUM_REQ_ROWS, n), np.int64), np.zeros((NUM_TIME_ROWS, n)),
-              np.zeros((NUM_ID_ROWS, n), np.int64),
-              np.zeros(NUM_SI, np.int64), np.zeros(NUM_SF),
-              np.zeros((REC_ROWS, len(REC_COLUMNS))), np.zeros((log_rows, 3), np.int64),
-              np.zeros((log_rows, 2), np.int64), np.zeros(block_size, np.int64))
+    if out is not None:
+        if (out.req.shape != (NUM_REQ_ROWS, n) or len(out.blog) < log_rows
+                or len(out.slots) < block_size):
+            raise ValueError("new_state: out= arrays too small for this run")
+        s = out
+    else:
+        s = State(np.zeros((NUM_REQ_ROWS, n), np.int64), np.zeros((NUM_TIME_ROWS, n)),
+                  np.zeros((NUM_ID_ROWS, n), np.int64),
+                  np.zeros(NUM_SI, np.int64), np.zeros(NUM_SF),
+                  np.zeros((REC_ROWS, len(REC_COLUMNS))), np.zeros((log_rows, 3), np.int64),
+                  np.zeros((log_rows, 2), np.int64), np.zeros(block_size, np.int64))
     fill_state(s, np.ascontiguousarray(arrival_s, dtype=np.float64),
                np.ascontiguousarray(prompt, dtype=np.int64),
                np.ascontiguousarray(output, dtype=np.int64), np.int64(num_blocks),

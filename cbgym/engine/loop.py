@@ -105,7 +105,9 @@ def advance(s: State, p: Params) -> int:
             if si[NEXT_ARRIVAL] >= si[INBOX_N]:
                 si[SHORTFALL] = 0
                 return DRAINED  # (an instance of a cluster: idle until a delivery)
-            s.sf[NOW] = max(s.sf[NOW], s.times[ARRIVAL, s.ids[INBOX, si[NEXT_ARRIVAL]]])
+            # (never past the horizon: a cluster may deliver something earlier meanwhile)
+            s.sf[NOW] = max(s.sf[NOW], min(s.times[ARRIVAL, s.ids[INBOX, si[NEXT_ARRIVAL]]],
+                                           s.sf[UNTIL]))
             continue
         if not has_room(s, p):
             return NEED_ROOM

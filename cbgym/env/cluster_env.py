@@ -236,7 +236,7 @@ instance with chunked prefill); a masked or malformed action raises
                                capacity_rps=self._mu)
         self.cluster = Cluster(window, self.config, None,
                                local_policies(self.policy, self.config.num_instances),
-                               slo=self.slo, seed=int(rng.integers(2**31)))
+                               slo=self.slo, seed=int(rng.integers(2**31)), eager=False)
         ttft, tpot = slo_arrays(self.slo, window.slo_class)
         self._targets = (ttft, tpot, tbt_targets(self.slo, window.slo_class))
         self._good = 0

@@ -4,18 +4,22 @@ On a cluster with unified instances they pick one of those; on a disaggregated c
 (prefill and decode pools) they pick a prefill instance and a decode instance by the same
 rule and always disaggregate. Rules as in Vidur's global schedulers (random, round-robin,
 least outstanding requests), splitwise-sim (join the shortest queue by pending tokens) and
-Mitzenmacher's power of two choices.
+Mitzenmacher's power of two choices. Round-robin, least-outstanding and jsq-tokens are
+compiled rules (:mod:`cbgym.cluster.route_ops`); random and power-of-two draw from the run's
+generator at the door.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from cbgym.agents.routing.compiled import CompiledRule
+from cbgym.cluster import route_ops as ro
 from cbgym.cluster.routing import Loads, Route, Router, RouterContext, RoutingPoint
 
 
 class PoolRouter(Router):
-    """A rule ``pick(candidates, loads, kind)`` applied per pool (see the module doc)."""
+    """A random rule ``pick(candidates, loads, kind)`` applied per pool (the module doc)."""
 
     def reset(self, ctx: RouterContext) -> None:
         super().reset(ctx)
@@ -44,14 +48,13 @@ class RandomRouter(PoolRouter):
         return int(candidates[self.rng.integers(len(candidates))])
 
 
-class RoundRobin(PoolRouter):
-    """Request i (in arrival order) to instance i mod N of the pool."""
+class RoundRobin(CompiledRule):
+    """Request i (in arrival order) to instance i mod N of the pool (of each pool, on a
+    disaggregated cluster)."""
 
     name = "round-robin"
+    code = ro.ROUND_ROBIN
     reads_loads = False
-
-    def pick(self, candidates: np.ndarray, loads: Loads | None, kind: str) -> int:
-        return int(candidates[(self.count - 1) % len(candidates)])
 
 
 def work(loads: Loads, kind: str) -> np.ndarray:
@@ -62,33 +65,21 @@ def work(loads: Loads, kind: str) -> np.ndarray:
     return loads.committed()
 
 
-class LeastOutstanding(PoolRouter):
+class LeastOutstanding(CompiledRule):
     """Fewest requests held (waiting + running, plus those routed to a decode instance and
     still prefilling elsewhere); ties to the lowest index. Vidur's least-outstanding."""
 
     name = "least-outstanding"
-
-    def pick(self, candidates: np.ndarray, loads: Loads | None, kind: str) -> int:
-        assert loads is not None
-        held = loads.committed()
-        return int(candidates[np.argmin(held[candidates])])
+    code = ro.LEAST_OUTSTANDING
 
 
-class ShortestQueueTokens(PoolRouter):
+class ShortestQueueTokens(CompiledRule):
     """Join the shortest queue by tokens: fewest prompt tokens still to compute (waiting and
-    running), ties by fewer requests; decode instances by requests held (splitwise-sim's
-    pending-tokens rule)."""
+    running), ties by fewer requests, then the lowest index; decode instances by requests
+    held first (splitwise-sim's pending-tokens rule)."""
 
     name = "jsq-tokens"
-
-    def pick(self, candidates: np.ndarray, loads: Loads | None, kind: str) -> int:
-        assert loads is not None
-        tokens = loads.waiting_prefill_tokens + loads.running_prefill_tokens
-        held = loads.committed()
-        if kind == "decode":
-            tokens, held = held, tokens
-        order = np.lexsort((candidates, held[candidates], tokens[candidates]))
-        return int(candidates[order[0]])
+    code = ro.JSQ_TOKENS
 
 
 class PowerOfTwo(PoolRouter):

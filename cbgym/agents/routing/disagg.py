@@ -15,59 +15,41 @@ the lowest index).
 * ``llm-d``: llm-d's decode-first rule: disaggregate iff the uncached prompt exceeds the
   threshold (16 in its shipped config); no load term.
 
-Without prefix caching the uncached prompt is the whole prompt.
+Without prefix caching the uncached prompt is the whole prompt. The rules are compiled
+(:mod:`cbgym.cluster.route_ops`).
 """
 
 from __future__ import annotations
 
-import numpy as np
-
 from cbgym.agents.params import parse_float
-from cbgym.cluster.routing import Loads, Route, Router, RoutingPoint
+from cbgym.agents.routing.compiled import CompiledRule
+from cbgym.cluster import route_ops as ro
+from cbgym.cluster.state import LENGTH, QUEUE, THRESHOLD
 
 
-def least_held(decode: np.ndarray, loads: Loads) -> int:
-    held = loads.committed()
-    return int(decode[np.argmin(held[decode])])
+class DisaggregationRule(CompiledRule):
+    """Decode instance first, then whether to disaggregate (the rule's ``code``)."""
 
-
-def least_prefill(prefill: np.ndarray, loads: Loads) -> int:
-    tokens = loads.waiting_prefill_tokens + loads.running_prefill_tokens
-    return int(prefill[np.argmin(tokens[prefill])])
-
-
-class DisaggregationRule(Router):
-    """Decode instance first, then whether to disaggregate (:meth:`remote`)."""
-
-    def remote(self, rp: RoutingPoint) -> bool:
-        raise NotImplementedError
-
-    def route(self, rp: RoutingPoint) -> Route:
-        assert rp.loads is not None
-        d = least_held(rp.pool("decode"), rp.loads)
-        if len(rp.pool("prefill")) and self.remote(rp):
-            return Route.disaggregate(least_prefill(rp.pool("prefill"), rp.loads), d)
-        return Route.deflect(d)
+    needs_decode_pool = True
 
 
 class AlwaysDisaggregate(DisaggregationRule):
     name = "always-disaggregate"
+    code = ro.ALWAYS
 
-    def remote(self, rp: RoutingPoint) -> bool:
-        return True
 
 
 class NeverDisaggregate(DisaggregationRule):
     name = "never-disaggregate"
+    code = ro.NEVER
 
-    def remote(self, rp: RoutingPoint) -> bool:
-        return False
 
 
 class Dynamo(DisaggregationRule):
     """``dynamo[:LENGTH[:QUEUE]]`` (defaults 1000 and 2, Dynamo's)."""
 
     name = "dynamo"
+    code = ro.DYNAMO
 
     def __init__(self, max_local_prefill_length: float | str = 1000,
                  max_prefill_queue_size: float | str = 2) -> None:
@@ -76,19 +58,18 @@ class Dynamo(DisaggregationRule):
         self.queue = parse_float(max_prefill_queue_size, self.name, "max_prefill_queue_size",
                                  lo=0)
 
-    def remote(self, rp: RoutingPoint) -> bool:
-        assert rp.loads is not None
-        queued = rp.loads.num_waiting[rp.pool("prefill")].sum()
-        return rp.prompt_tokens > self.length and queued < self.queue
+    def kernel_params(self) -> dict[int, float]:
+        return {LENGTH: self.length, QUEUE: self.queue}
 
 
 class LlmD(DisaggregationRule):
     """``llm-d[:THRESHOLD]`` (default 16, llm-d's shipped config)."""
 
     name = "llm-d"
+    code = ro.LLM_D
 
     def __init__(self, threshold: float | str = 16) -> None:
         self.threshold = parse_float(threshold, self.name, "threshold", lo=0)
 
-    def remote(self, rp: RoutingPoint) -> bool:
-        return rp.prompt_tokens > self.threshold
+    def kernel_params(self) -> dict[int, float]:
+        return {THRESHOLD: self.threshold}

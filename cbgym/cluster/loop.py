@@ -1,0 +1,356 @@
+"""The cluster loop, compiled: instances of the one engine advanced in global time order.
+
+:func:`run` is :class:`~cbgym.cluster.Cluster`'s engine room, as :func:`cbgym.engine.loop
+.advance` is an engine's: it routes each arrival (with a compiled rule,
+:mod:`cbgym.cluster.route_ops`, or by stopping at the door for a Python router), delivers
+requests, advances each instance through the engine's own kernel up to the horizon the time
+order allows, turns instances' outboxes into events, carries KV over the link
+(:mod:`cbgym.cluster.kv`, :mod:`cbgym.cluster.link_ops`) and takes load reports. It returns
+when the door needs Python (a routing point, an instance's local policy to ask, a buffer to
+empty or grow, a stuck run) or when the cluster drained; the next call resumes where it
+stopped. The time-order rule is :mod:`cbgym.cluster.cluster`'s docstring.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from cbgym.cluster import kv, link_ops, order
+from cbgym.cluster import route_ops as ro
+from cbgym.cluster.state import (
+    ACTIVE,
+    ADVANCES,
+    ALLOC,
+    BAD,
+    CAP,
+    CHUNK,
+    CHUNKED,
+    CL_AT_DECISION,
+    CL_AT_ROUTE,
+    CL_BAD_ROUTE,
+    CL_DRAINED,
+    CL_GROW,
+    CL_NEED_ROOM,
+    CL_STUCK,
+    COUNT,
+    D_SHED,
+    DECODE,
+    DECODE_I,
+    DEFLECTED,
+    DONE,
+    EAGER,
+    H_COMPUTED,
+    H_KIND,
+    H_RID,
+    H_SEQ,
+    HAVE_REPORT,
+    HEAP_N,
+    INCOMING,
+    INTERVAL,
+    KV_OUT,
+    LAST_TID,
+    LN,
+    MAX_SEQS_ANY,
+    N_INST,
+    NEXT,
+    P_SHED,
+    PIPELINED,
+    PREFILL,
+    PREFILL_I,
+    READS_LOADS,
+    REPORT_S,
+    REPORTS,
+    ROLE,
+    ROUTER,
+    SEQ,
+    STOPPED,
+    ClusterState,
+    instance,
+    params_at,
+)
+from cbgym.engine import handoff
+from cbgym.engine import layout as L
+from cbgym.engine.jit import no_alloc_kernel
+from cbgym.engine.layout import Params, State
+from cbgym.engine.loop import advance
+
+
+# ------------------------------------------------------------------ the event heap
+@no_alloc_kernel
+def before(C: ClusterState, a: int, b: int) -> bool:
+    """Heap entry a comes first: by time, then kind, then push order."""
+    ta, tb = C.heap_t[a], C.heap_t[b]
+    if ta != tb:
+        return ta < tb
+    ka, kb = C.heap[H_KIND, a], C.heap[H_KIND, b]
+    return ka < kb if ka != kb else C.heap[H_SEQ, a] < C.heap[H_SEQ, b]
+
+
+@no_alloc_kernel
+def swap(C: ClusterState, a: int, b: int) -> None:
+    C.heap_t[a], C.heap_t[b] = C.heap_t[b], C.heap_t[a]
+    for r in range(C.heap.shape[0]):
+        C.heap[r, a], C.heap[r, b] = C.heap[r, b], C.heap[r, a]
+
+
+@no_alloc_kernel
+def push(C: ClusterState, t: float, kind: int, rid: int, computed: int) -> None:
+    k = C.si[HEAP_N]
+    C.heap_t[k] = t
+    C.heap[H_KIND, k], C.heap[H_SEQ, k], C.heap[H_RID, k] = kind, C.si[SEQ], rid
+    C.heap[H_COMPUTED, k] = computed
+    C.si[SEQ] += 1
+    C.si[HEAP_N] = k + 1
+    while k > 0 and before(C, k, (k - 1) // 2):
+        swap(C, k, (k - 1) // 2)
+        k = (k - 1) // 2
+
+
+@no_alloc_kernel
+def pop(C: ClusterState) -> None:
+    """Remove the first entry (read it at index 0 before)."""
+    n = C.si[HEAP_N] - 1
+    C.si[HEAP_N] = n
+    swap(C, 0, n)
+    k = 0
+    while True:
+        c = 2 * k + 1
+        if c >= n:
+            break
+        if c + 1 < n and before(C, c + 1, c):
+            c += 1
+        if not before(C, c, k):
+            break
+        swap(C, k, c)
+        k = c
+
+
+# ------------------------------------------------------------------ what routers see
+@no_alloc_kernel
+def take_loads(C: ClusterState, S: State, P: Params, out: np.ndarray) -> None:
+    """Every instance's load signals now into ``out`` (rows: routing.LOAD_FIELDS)."""
+    lk = C.link
+    for i in range(C.ci[N_INST]):
+        for r in range(out.shape[0]):
+            out[r, i] = 0.0
+    for j in range(lk.si[LN]):
+        out[ro.T_OUT, lk.i[1, j]] += 1.0
+        out[ro.T_IN, lk.i[2, j]] += 1.0
+    for i in range(C.ci[N_INST]):
+        s = instance(S, i)
+        prompt, computed, tokens = s.req[L.PROMPT], s.req[L.COMPUTED], s.req[L.TOKENS]
+        host, remote = s.req[L.HOST_TOKENS], s.req[L.REMOTE]
+        deflected = C.req[DEFLECTED]
+        decode = C.inst[ROLE, i] == DECODE
+        out[ro.INCOMING_N, i] = C.inst[INCOMING, i]
+        out[ro.HELD_OUT, i] = C.inst[KV_OUT, i]
+        nw, nr = s.si[L.N_WAIT], s.si[L.N_RUN]
+        w_tok, local = 0, 0
+        for k in range(nw):
+            rid = s.ids[L.WAIT_Q, k]
+            if remote[rid] == L.LOCAL:
+                w_tok += tokens[rid] - host[rid]
+                local += deflected[rid]
+        batch, ctx, r_tok = 0, 0, 0
+        for k in range(nr):
+            rid = s.ids[L.RUN_Q, k]
+            left = max(prompt[rid] - computed[rid], 0)
+            if left == 0:
+                batch += 1
+                ctx += computed[rid]
+            else:
+                r_tok += left
+                local += deflected[rid]
+        out[ro.W_N, i], out[ro.W_TOK, i], out[ro.R_N, i] = nw, w_tok, nr
+        out[ro.D_BATCH, i], out[ro.D_CTX, i], out[ro.R_TOK, i] = batch, ctx, r_tok
+        out[ro.FREE_B, i] = s.si[L.FREE]
+        out[ro.KV_USE, i] = 1.0 - s.si[L.FREE] / P.ci[i, L.NUM_BLOCKS]
+        out[ro.LOCAL_P, i] = local if decode else 0
+        out[ro.LAST_DT, i] = s.sf[L.LAST_DT]
+
+
+@no_alloc_kernel
+def report_due(C: ClusterState, t_arr: float) -> float:
+    """When the next load report a router will read is taken: the last report at or before
+    the next arrival, unless taken already (reports no arrival reads are skipped: nothing
+    could tell). inf when routers read live load or none."""
+    interval = C.cf[INTERVAL]
+    if interval == 0 or not C.ci[READS_LOADS] or t_arr == np.inf:
+        return np.inf
+    r = min(np.floor(t_arr / interval) * interval, t_arr)  # (rounding)
+    return r if not C.si[HAVE_REPORT] or r > C.sf[REPORT_S] else np.inf
+
+
+# ------------------------------------------------------------------ placing a request
+@no_alloc_kernel
+def place(C: ClusterState, S: State, rid: int, t: float, prefill: int, decode: int,
+          cap: int) -> None:
+    """Place ``rid`` arriving at ``t``: on ``decode`` alone (prefill -1: a unified instance,
+    or a deflected prefill on a decode one, at most ``cap`` prompt tokens an iteration), or
+    prefilled on ``prefill`` with its KV sent to ``decode``. The route was checked."""
+    C.req[DECODE_I, rid] = decode
+    out = C.output[rid]
+    if prefill < 0:
+        C.req[DEFLECTED, rid] = C.inst[ROLE, decode] == DECODE
+        C.req[CAP, rid] = cap
+        kv.give(C, S, decode, rid, t, out, 0, L.LOCAL, cap, 1)
+        return
+    C.req[PREFILL_I, rid] = prefill
+    keep = L.PIPELINED if C.ci[PIPELINED] else L.BULK
+    kv.give(C, S, prefill, rid, t, 1, keep, L.LOCAL, cap, 1)
+    if C.ci[PIPELINED]:  # D takes it at once, to hold blocks for each chunk
+        kv.give(C, S, decode, rid, t, out, 0, L.REMOTE_NEW, 0, 1)
+    else:
+        C.inst[INCOMING, decode] += 1
+
+
+@no_alloc_kernel
+def route_here(C: ClusterState, S: State, P: Params, rid: int, t: float) -> bool:
+    """Route ``rid`` with the cluster's compiled rule; False if the route is unusable
+    (``si[BAD]`` names the instance)."""
+    loads = C.loads
+    if C.cf[INTERVAL] == 0 and C.ci[READS_LOADS]:
+        take_loads(C, S, P, C.live)
+        loads = C.live
+    C.si[COUNT] += 1
+    out = C.route
+    ok = ro.route_rule(C.ci[ROUTER], C.cf, C.inst, P.cost, loads, C.prompt[rid], C.ttft[rid],
+                       C.tpot[rid], C.si[COUNT], out)
+    target = out[1] if out[0] < 0 else out[0]
+    if not ok or (out[2] > 0 and not C.inst[CHUNKED, target]):
+        C.si[BAD] = target
+        return False
+    place(C, S, rid, t, out[0], out[1], out[2])
+    return True
+
+
+# ------------------------------------------------------------------ events
+@no_alloc_kernel
+def handle(C: ClusterState, S: State, P: Params, t: float, t_link: float,
+           t_heap: float) -> None:
+    """Handle an event at time ``t``: landings, then deliveries and transfer starts, then a
+    load report (arrivals, after them, are routed by the caller)."""
+    if t_link == t:
+        for k in range(link_ops.advance(C.link, t)):
+            kv.landed(C, S, C.link.out[k], t)
+    elif t_heap == t:
+        kind, rid, computed = C.heap[H_KIND, 0], C.heap[H_RID, 0], C.heap[H_COMPUTED, 0]
+        pop(C)
+        if kind == CHUNK or kind == DONE:
+            kv.prefill_progress(C, S, rid, t, computed, kind == DONE)
+        elif kind == P_SHED:
+            kv.prefill_shed(C, S, rid, t)
+        elif kind == ALLOC:
+            kv.allocated_on_decode(C, S, rid, t)
+        else:
+            kv.decode_shed(C, S, rid)
+    else:
+        take_loads(C, S, P, C.loads)
+        C.sf[REPORT_S] = t
+        C.si[HAVE_REPORT] = 1
+        C.si[REPORTS] += 1
+
+
+@no_alloc_kernel
+def read_outbox(C: ClusterState, s: State, i: int) -> None:
+    """Turn instance i's outbox into events at the times they happened."""
+    prefill = C.inst[ROLE, i] == PREFILL
+    for k in range(s.si[L.OUTBOX_N]):
+        rid = s.ids[L.OUTBOX, k]
+        t = s.times[L.KV_EVENT, rid]
+        status = s.req[L.STATUS, rid]
+        if prefill:
+            kind = P_SHED if status == L.SHED else DONE if status == L.FINISHED else CHUNK
+            push(C, t, kind, rid, s.req[L.COMPUTED, rid])
+        else:
+            push(C, t, D_SHED if status == L.SHED else ALLOC, rid, 0)
+    s.si[L.OUTBOX_N] = 0
+
+
+@no_alloc_kernel
+def earliest_active(C: ClusterState, S: State) -> int:
+    best, t = -1, np.inf
+    for i in range(C.ci[N_INST]):
+        if C.inst[ACTIVE, i] and S.sf[i, L.NOW] < t:
+            best, t = i, S.sf[i, L.NOW]
+    return best
+
+
+@no_alloc_kernel
+def room(C: ClusterState) -> bool:
+    """The heap, the link and the transfer ids have room for what one pass may add."""
+    return (C.si[HEAP_N] + C.ci[MAX_SEQS_ANY] + 2 <= len(C.heap_t)
+            and C.link.si[LN] + 2 <= C.link.i.shape[1]
+            and C.si[LAST_TID] + 2 < len(C.tid_rid))
+
+
+@no_alloc_kernel
+def finish_advance(C: ClusterState, S: State, i: int, code: int) -> int:
+    """After instance i's kernel returned ``code``: a code for the door if Python must act
+    (the call resumes i), else -1 with i's outbox read."""
+    if code == L.AT_DECISION or code == L.NEED_ROOM or code == L.TOO_MANY_IDLE_TICKS:
+        C.si[STOPPED] = i
+        return (CL_AT_DECISION if code == L.AT_DECISION else
+                CL_NEED_ROOM if code == L.NEED_ROOM else CL_STUCK)
+    read_outbox(C, instance(S, i), i)
+    if code == L.DRAINED:
+        C.inst[ACTIVE, i] = 0
+    return -1
+
+
+@no_alloc_kernel
+def run(C: ClusterState, S: State, P: Params) -> int:
+    """Advance the cluster until the door needs Python or it drained (module docstring).
+    ``CL_AT_ROUTE``: request ``si[NEXT]`` waits for a route (Python places it and moves
+    ``si[NEXT]`` on); ``CL_AT_DECISION`` / ``CL_NEED_ROOM`` / ``CL_STUCK``: instance
+    ``si[STOPPED]``'s kernel returned that (ask its policy / empty its buffer / raise);
+    ``CL_GROW``: a buffer of the cluster must grow; ``CL_BAD_ROUTE``: the compiled rule's
+    route cannot be applied (instance ``si[BAD]``)."""
+    i = C.si[STOPPED]
+    if i >= 0:  # resume the instance the last call stopped in
+        C.si[STOPPED] = -1
+        C.si[ADVANCES] += 1
+        code = finish_advance(C, S, i, advance(instance(S, i), params_at(P, i)))
+        if code >= 0:
+            return code
+    n = len(C.arrival)
+    while True:
+        if not room(C):
+            return CL_GROW
+        nxt = C.si[NEXT]
+        t_arr = C.arrival[nxt] if nxt < n else np.inf
+        t_rep = report_due(C, t_arr)
+        if C.ci[EAGER] and nxt < n and t_rep == np.inf:
+            # the report it reads is taken (or it reads none): route it now, ahead of its
+            # time; its delivery waits in an inbox and bounds nobody else
+            if C.ci[ROUTER] == ro.DOOR:
+                return CL_AT_ROUTE
+            if not route_here(C, S, P, nxt, t_arr):
+                return CL_BAD_ROUTE
+            C.si[NEXT] = nxt + 1
+            continue
+        if C.ci[EAGER]:
+            t_arr = np.inf
+        t_heap = C.heap_t[0] if C.si[HEAP_N] > 0 else np.inf
+        t_link = link_ops.next_event_time(C.link)
+        t_ext = min(min(t_arr, t_heap), min(t_link, t_rep))
+        i = earliest_active(C, S)
+        if i < 0 and t_ext == np.inf:
+            return CL_DRAINED
+        if i < 0 or t_ext <= S.sf[i, L.NOW]:
+            if t_arr == t_ext and t_ext != t_heap and t_ext != t_link and t_ext != t_rep:
+                if C.ci[ROUTER] == ro.DOOR:
+                    return CL_AT_ROUTE
+                if not route_here(C, S, P, nxt, t_arr):
+                    return CL_BAD_ROUTE
+                C.si[NEXT] = nxt + 1
+                continue
+            handle(C, S, P, t_ext, t_link, t_heap)
+            continue
+        until = order.horizon(C, S, i, t_ext)
+        s = instance(S, i)
+        handoff.set_horizon(s, until)
+        C.si[ADVANCES] += 1
+        code = finish_advance(C, S, i, advance(s, params_at(P, i)))
+        if code >= 0:
+            return code

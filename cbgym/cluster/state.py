@@ -1,0 +1,185 @@
+"""The compiled cluster's data: its instances batched, the link, the event heap, per-request
+handoff rows (gymnax's split: what a run mutates, as arrays).
+
+Every instance's engine :class:`~cbgym.engine.layout.State` is row ``i`` of batched arrays
+(``CartPoleVectorEnv``'s style, as :mod:`cbgym.env.vector_ops` batches envs), padded to the
+largest instance; :func:`instance` returns instance i's views, the very arrays the Python
+:class:`~cbgym.engine.Engine` of that instance reads. Scalars live in small arrays under the
+names below, because a numba tuple is immutable and its arrays are not.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from cbgym.engine import layout as L
+from cbgym.engine.jit import no_alloc_kernel
+from cbgym.engine.layout import Params, State
+
+_codes = L._codes
+
+# ---------------------------------------------------------------- ClusterState.ci (static)
+# ROUTER: a compiled rule (cbgym.cluster.route_ops) or DOOR (a Python router answers at the
+# door); READS_LOADS: whether load reports are taken; AUDIT: check every transfer's blocks;
+# EAGER: route an arrival as soon as the load report it reads is taken (module cluster)
+(N_INST, ROUTER, READS_LOADS, PIPELINED, AUDIT, MAX_SEQS_ANY, EAGER) = _codes(7)
+NUM_CCI = 7
+# ---------------------------------------------------------------- ClusterState.cf (static)
+# INTERVAL: load_report_interval_s; NIC / SETUP: the link config (Kairos-transfer's term);
+# ALPHA, BETA (Kairos), LENGTH, QUEUE (Dynamo), THRESHOLD (llm-d)
+INTERVAL, NIC, SETUP, ALPHA, BETA, LENGTH, QUEUE, THRESHOLD = _codes(8)
+NUM_CCF = 8
+# ---------------------------------------------------------------- ClusterState.si
+# NEXT: next arrival to route; HEAP_N / SEQ: the event heap; LAST_TID: last transfer id;
+# STOPPED: the instance a call stopped in (-1: none), resumed by the next call;
+# HAVE_REPORT: a load report was taken; REPORTS: how many; COUNT: routes so far
+# (round-robin); ADVANCES: instance kernel calls; STARTS / LANDS: audited transfers;
+# BAD: the instance a compiled route could not use (code CL_BAD_ROUTE)
+(NEXT, HEAP_N, SEQ, LAST_TID, STOPPED, HAVE_REPORT, REPORTS, COUNT, ADVANCES, STARTS, LANDS,
+ BAD) = _codes(12)
+NUM_CSI = 12
+REPORT_S = np.int64(0)  # ClusterState.sf: when the last load report was taken
+NUM_CSF = 1
+
+# ---------------------------------------------------------------- per request (int64 rows)
+# PREFILL_I / DECODE_I: where it went (-1: not routed); DEFLECTED; CAP: its chunk cap;
+# SENT: prompt tokens whose KV is sent or in flight; READY: prompt tokens P has computed
+# (pipelined); INFLIGHT: its transfers in flight; ALLOCATED: D holds blocks for the prompt;
+# P_DONE: P computed its prompt; DROPPED: ended on one side (no KV needed any more);
+# BYTES: KV bytes sent
+(PREFILL_I, DECODE_I, DEFLECTED, CAP, SENT, READY, INFLIGHT, ALLOCATED, P_DONE, DROPPED,
+ BYTES) = _codes(11)
+NUM_CREQ = 11
+# ---------------------------------------------------------------- per request (float64 rows)
+PREFILL_DONE, T_START, T_END = _codes(3)
+NUM_CTIME = 3
+# ---------------------------------------------------------------- per instance (int64 rows)
+# ROLE (routing.ROLE_CODES); ACTIVE (may act: something was delivered since it drained);
+# KV_OUT: requests whose KV a prefill instance still holds; INCOMING: routed to a decode
+# instance, prefilling elsewhere; KEYED: its local policy is decided in the kernel;
+# BUDGET / BLOCK / SEQS / KV_BYTES / CHUNKED / COST_KIND: its EngineConfig's, as routers
+# read them (max_num_batched_tokens, block_size, max_num_seqs, kv_bytes_per_token,
+# chunked_prefill, the cost model's kind; its coefficients are the batched Params.cost)
+(ROLE, ACTIVE, KV_OUT, INCOMING, KEYED, BUDGET, BLOCK, SEQS, KV_BYTES, CHUNKED,
+ COST_KIND) = _codes(11)
+NUM_CINST = 11
+# event kinds, in the order events of one instant are handled: a prompt chunk done on P, P's
+# last chunk, P shed it, D allocated its blocks, D shed it
+CHUNK, DONE, P_SHED, ALLOC, D_SHED = _codes(6)[1:]
+# heap rows (int64); the time is ClusterState.heap_t
+H_KIND, H_SEQ, H_RID, H_COMPUTED = _codes(4)
+# what a cluster kernel call stopped at
+CL_DRAINED, CL_AT_ROUTE, CL_AT_DECISION, CL_NEED_ROOM, CL_STUCK, CL_GROW, CL_BAD_ROUTE = (
+    _codes(7))
+# ROLE codes (as cbgym.cluster.routing.ROLE_CODES)
+UNIFIED, PREFILL, DECODE = _codes(3)
+ROUTE_FIELDS = 3  # ClusterState.route: prefill (-1: none), decode, chunk cap
+
+
+class LinkState(NamedTuple):
+    """The NICs and the transfers in flight (:mod:`cbgym.cluster.link_ops`)."""
+
+    i: np.ndarray  # (NUM_LKI, cap) int64: TID, SRC, DST, JOINED, sorted by tid
+    f: np.ndarray  # (NUM_LKF, cap) float64: LEFT (bytes), JOIN (setup ends), RATE (B/s)
+    cap: np.ndarray  # (2N,) capacity: egress 0..N-1, ingress N..2N-1
+    si: np.ndarray  # LN (in flight), PEND_N (landed while a start moved the clock), CACHED_OK
+    sf: np.ndarray  # NOW, SETUP, CACHED (the next event time while CACHED_OK)
+    pend: np.ndarray  # (cap,) tids landed while a start moved the clock
+    out: np.ndarray  # (cap,) tids an advance landed, first its return value
+    scr: np.ndarray  # (4, 2N) float64 water-filling scratch
+    fr: np.ndarray  # (2, cap) int64 water-filling scratch
+
+
+TID, SRC, DST, JOINED = _codes(4)
+NUM_LKI = 4
+LEFT, JOIN, RATE = _codes(3)
+NUM_LKF = 3
+LN, PEND_N, CACHED_OK = _codes(3)
+NOW, SETUP_S, CACHED = _codes(3)
+
+
+class ClusterState(NamedTuple):
+    """One cluster run (see the names above); ``link`` is nested."""
+
+    ci: np.ndarray
+    cf: np.ndarray
+    si: np.ndarray
+    sf: np.ndarray
+    arrival: np.ndarray  # (n,) trace arrivals
+    prompt: np.ndarray  # (n,)
+    output: np.ndarray  # (n,) true output lengths (delivered to D; never routed on)
+    ttft: np.ndarray  # (n,) SLO targets
+    tpot: np.ndarray
+    req: np.ndarray  # (NUM_CREQ, n) int64
+    times: np.ndarray  # (NUM_CTIME, n) float64
+    inst: np.ndarray  # (NUM_CINST, N) int64
+    peer: np.ndarray  # (N, N) int64: peer[i, j] = 1 if j's clock bounds i's
+    heap_t: np.ndarray  # (hcap,) event times
+    heap: np.ndarray  # (4, hcap) int64: H_KIND, H_SEQ, H_RID, H_COMPUTED
+    tid_rid: np.ndarray  # (tcap,) the request of each transfer id
+    loads: np.ndarray  # (len(LOAD_FIELDS), N) the last load report
+    live: np.ndarray  # (len(LOAD_FIELDS), N) scratch: loads taken now
+    route: np.ndarray  # (ROUTE_FIELDS,) the last compiled route
+    link: LinkState
+
+
+def new_link(nic: np.ndarray, setup_s: float, cap: int = 64) -> LinkState:
+    n2 = 2 * len(nic)
+    return LinkState(np.zeros((NUM_LKI, cap), np.int64), np.zeros((NUM_LKF, cap)),
+                     np.concatenate([nic, nic]).astype(np.float64), np.zeros(3, np.int64),
+                     np.array([0.0, setup_s, np.inf]), np.zeros(cap, np.int64),
+                     np.zeros(cap, np.int64), np.zeros((4, n2)), np.zeros((2, cap), np.int64))
+
+
+def grow_link(lk: LinkState) -> LinkState:
+    """``lk`` with twice the room for transfers (same contents)."""
+    cap = 2 * lk.i.shape[1]
+    i, f = np.zeros((NUM_LKI, cap), np.int64), np.zeros((NUM_LKF, cap))
+    i[:, : lk.i.shape[1]], f[:, : lk.f.shape[1]] = lk.i, lk.f
+    pend, out = np.zeros(cap, np.int64), np.zeros(cap, np.int64)
+    pend[: len(lk.pend)] = lk.pend
+    return lk._replace(i=i, f=f, pend=pend, out=out, fr=np.zeros((2, cap), np.int64))
+
+
+def grow(a: np.ndarray) -> np.ndarray:
+    """``a`` with its last axis twice as long (same contents first)."""
+    out = np.zeros(a.shape[:-1] + (2 * a.shape[-1],), a.dtype)
+    out[..., : a.shape[-1]] = a
+    return out
+
+
+def batched_states(N: int, n: int, block_size: int, log_rows: int) -> State:
+    """Empty engine states for N instances of n requests, instance by leading row."""
+    return State(np.zeros((N, L.NUM_REQ_ROWS, n), np.int64), np.zeros((N, L.NUM_TIME_ROWS, n)),
+                 np.zeros((N, L.NUM_ID_ROWS, n), np.int64), np.zeros((N, L.NUM_SI), np.int64),
+                 np.zeros((N, L.NUM_SF)), np.zeros((N, L.REC_ROWS, len(L.REC_COLUMNS))),
+                 np.zeros((N, log_rows, 3), np.int64), np.zeros((N, log_rows, 2), np.int64),
+                 np.zeros((N, block_size), np.int64))
+
+
+def batched_params(params: list[Params]) -> Params:
+    """The instances' static parameters, instance by row (cost vectors zero-padded)."""
+    k = max(len(p.cost) for p in params)
+    cost = np.zeros((len(params), k))
+    for i, p in enumerate(params):
+        cost[i, : len(p.cost)] = p.cost
+    return Params(np.stack([p.ci for p in params]), cost)
+
+
+def view(S: State, i: int) -> State:
+    """Instance i's state, as views (Python side: what its Engine holds)."""
+    return State(*(a[i] for a in S))
+
+
+@no_alloc_kernel
+def instance(S: State, i: int) -> State:
+    """Instance i's state (views into the batched arrays)."""
+    return State(S.req[i], S.times[i], S.ids[i], S.si[i], S.sf[i], S.rec[i], S.blog[i],
+                 S.plog[i], S.slots[i])
+
+
+@no_alloc_kernel
+def params_at(P: Params, i: int) -> Params:
+    return Params(P.ci[i], P.cost[i])
