@@ -298,7 +298,9 @@ class Cluster:
     def _grow(self) -> None:
         C = self.C
         heap_t, heap = C.heap_t, C.heap
-        if C.si[K.HEAP_N] + C.ci[K.MAX_SEQS_ANY] + 2 > len(heap_t):
+        need = C.si[K.HEAP_N] + max(int(self.S.si[:, L.OUTBOX_N].max()),
+                                    int(C.ci[K.MAX_SEQS_ANY])) + 2
+        while need > len(heap_t):
             heap_t, heap = K.grow(heap_t), K.grow(heap)
         link = C.link
         if link.si[K.LN] + 2 > link.i.shape[1]:

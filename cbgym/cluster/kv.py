@@ -88,9 +88,11 @@ def prefill_progress(C: ClusterState, S: State, rid: int, t: float, computed: in
 @no_alloc_kernel
 def prefill_shed(C: ClusterState, S: State, rid: int, t: float) -> None:
     """P shed ``rid`` (it never fits there): a pipelined D drops its copy (the instances of
-    a cluster share their shed-reason codes)."""
+    a cluster share their shed-reason codes); a bulk D no longer expects it."""
     C.req[DROPPED, rid] = 1
-    if C.ci[PIPELINED]:
+    if not C.ci[PIPELINED]:
+        C.inst[INCOMING, C.req[DECODE_I, rid]] -= 1
+    else:
         p, d = C.req[PREFILL_I, rid], C.req[DECODE_I, rid]
         handoff.drop(instance(S, d), rid, t, S.req[p, L.REASON, rid])
         C.inst[ACTIVE, d] = 1

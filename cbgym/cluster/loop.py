@@ -278,7 +278,9 @@ def earliest_active(C: ClusterState, S: State) -> int:
 
 @no_alloc_kernel
 def room(C: ClusterState) -> bool:
-    """The heap, the link and the transfer ids have room for what one pass may add."""
+    """The link and the transfer ids have room for what one pass may add (one transfer
+    start at most); the heap, for a typical outbox (:func:`finish_advance` checks the
+    actual one before reading it)."""
     return (C.si[HEAP_N] + C.ci[MAX_SEQS_ANY] + 2 <= len(C.heap_t)
             and C.link.si[LN] + 2 <= C.link.i.shape[1]
             and C.si[LAST_TID] + 2 < len(C.tid_rid))
@@ -292,6 +294,9 @@ def finish_advance(C: ClusterState, S: State, i: int, code: int) -> int:
         C.si[STOPPED] = i
         return (CL_AT_DECISION if code == L.AT_DECISION else
                 CL_NEED_ROOM if code == L.NEED_ROOM else CL_STUCK)
+    if C.si[HEAP_N] + S.si[i, L.OUTBOX_N] > len(C.heap_t):
+        C.si[STOPPED] = i  # (resumed, the instance returns at once with its outbox)
+        return CL_GROW
     read_outbox(C, instance(S, i), i)
     if code == L.DRAINED:
         C.inst[ACTIVE, i] = 0

@@ -14,7 +14,9 @@ An instance's clock, for this purpose, is when it may next act (:func:`acts_from
 anything runs or waits there; if nothing does, not before its next delivered arrival (a
 cluster routes arrivals ahead of time) or the next external event, so two empty instances
 never bound each other into creeping one ulp at a time. An instance idle under a policy
-decided in the kernel bounds nobody: only an event wakes it. Unified replicas exchange
+decided in the kernel (it waits for blocks or KV) acts only after an event, or at its next
+delivered arrival: that, not its clock, bounds the others (found in review: routed ahead of
+time, such an arrival woke it after a peer had run past it). Unified replicas exchange
 nothing and are bounded by external events only.
 """
 
@@ -38,15 +40,20 @@ def asleep(S: State, j: int) -> bool:
 
 
 @no_alloc_kernel
+def next_arrival(S: State, j: int) -> float:
+    """When the next request delivered to instance j arrives there (inf: none)."""
+    nxt = S.si[j, L.NEXT_ARRIVAL]
+    return S.times[j, L.ARRIVAL, S.ids[j, L.INBOX, nxt]] if nxt < S.si[j, L.INBOX_N] else np.inf
+
+
+@no_alloc_kernel
 def acts_from(S: State, j: int, t_ext: float) -> float:
     """The earliest instance j may act: now, unless nothing runs or waits there; then its
     next delivered arrival or the next external event ``t_ext``, whichever comes first."""
     now = S.sf[j, L.NOW]
     if S.si[j, L.N_RUN] > 0 or S.si[j, L.N_WAIT] > 0:
         return now
-    nxt = S.si[j, L.NEXT_ARRIVAL]
-    t = S.times[j, L.ARRIVAL, S.ids[j, L.INBOX, nxt]] if nxt < S.si[j, L.INBOX_N] else np.inf
-    return max(now, min(t, t_ext))
+    return max(now, min(next_arrival(S, j), t_ext))
 
 
 @no_alloc_kernel
@@ -60,7 +67,11 @@ def horizon(C: ClusterState, S: State, i: int, t_ext: float) -> float:
         # make two such instances creep forward one ulp at a time)
         return until
     for j in range(C.ci[N_INST]):
-        if (C.peer[i, j] and C.inst[ACTIVE, j]
-                and not (C.inst[KEYED, j] and asleep(S, j))):
+        if not (C.peer[i, j] and C.inst[ACTIVE, j]):
+            continue
+        if C.inst[KEYED, j] and asleep(S, j):
+            # only an event (bounded by t_ext) or its next delivered arrival wakes it
+            until = min(until, np.nextafter(next_arrival(S, j), np.inf))
+        else:
             until = min(until, np.nextafter(acts_from(S, j, t_ext), np.inf))
     return until

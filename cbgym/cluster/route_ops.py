@@ -193,7 +193,7 @@ def kairos(code: int, cf: np.ndarray, inst: np.ndarray, coefs: np.ndarray,
     for p in range(inst.shape[1]):
         if inst[ROLE, p] == PREFILL:
             t = prefill_estimate(code, cf, inst, coefs, loads, p, prompt)
-            if t < ttft_p:
+            if t < ttft_p or best_p < 0:  # (argmin's: the first one if none is finite)
                 best_p, ttft_p = p, t
     bound = min(cf[ALPHA] * ttft_p, ttft_target)
     best, best_d, best_cap = np.inf, -1, 0
