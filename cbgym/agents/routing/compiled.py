@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from cbgym.cluster.cluster import loads_array, rule_settings, static_tables
 from cbgym.cluster.config import ClusterConfig
 from cbgym.cluster.route_ops import route_rule
 from cbgym.cluster.routing import (
@@ -18,6 +17,7 @@ from cbgym.cluster.routing import (
     RouterContext,
     RoutingPoint,
 )
+from cbgym.cluster.tables import loads_array, rule_settings, static_tables
 
 
 class CompiledRule(Router):

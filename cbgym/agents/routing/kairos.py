@@ -140,7 +140,7 @@ class Kairos(CompiledRule):
 
 
 def _loads(rp: RoutingPoint) -> np.ndarray:
-    from cbgym.cluster.cluster import loads_array
+    from cbgym.cluster.tables import loads_array
 
     assert rp.loads is not None
     return loads_array(rp.loads)
