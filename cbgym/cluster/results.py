@@ -48,9 +48,12 @@ def merged_table(c: Cluster) -> SimpleNamespace:
     tr = c.trace
     n = len(tr)
     idx = np.arange(n)
-    stack = {name: np.stack([getattr(e.req, name) for e in c.engines])
-             for name in ("status", "reason_code", "first_scheduled_s", "first_token_s",
-                          "finish_s", "generated", "preemptions", "itl_max_s")}
+    S = c.S  # every instance's columns, instance by row (views, no copies)
+    stack = {"status": S.req[:, L.STATUS], "reason_code": S.req[:, L.REASON],
+             "first_scheduled_s": S.times[:, L.FIRST_SCHEDULED],
+             "first_token_s": S.times[:, L.FIRST_TOKEN], "finish_s": S.times[:, L.FINISH],
+             "generated": S.req[:, L.GENERATED], "preemptions": S.req[:, L.PREEMPTIONS],
+             "itl_max_s": S.times[:, L.ITL_MAX]}
     first = np.where(c.prefill_instance >= 0, c.prefill_instance, c.decode_instance)
     # the instance that ends it: D once delivered there, else where it was (P, or unified)
     on_d = (c.decode_instance >= 0) & (stack["status"][np.maximum(c.decode_instance, 0), idx]
@@ -63,10 +66,11 @@ def merged_table(c: Cluster) -> SimpleNamespace:
     status = np.where((c.prefill_instance >= 0) & ~on_d & (status == L.FINISHED), L.RUNNING,
                       status)
     reasons: dict[int, str] = {}
-    for rid in np.flatnonzero(routed).tolist():
-        code = stack["reason_code"][la[rid], rid]
-        if code:
-            reasons[rid] = c.engines[la[rid]].req.reasons[code]
+    codes = np.where(routed, stack["reason_code"][la, idx], 0)
+    names = c.engines[0].req.reasons  # (one numbering for the whole cluster)
+    for rid, code in zip(np.flatnonzero(codes).tolist(), codes[codes != 0].tolist(),
+                         strict=True):
+        reasons[rid] = names[code]
     reasons.update(c.router_shed)
     nan = np.full(n, np.nan)
     return SimpleNamespace(
