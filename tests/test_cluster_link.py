@@ -353,3 +353,17 @@ def test_one_long_advance_matches_stepping_event_by_event(
         link.start(k, s, d, nbytes, now=t0)
     got += link.advance(1e6)
     assert got == seq and len(link) == 0
+
+
+def test_many_transfers_at_once_grow_the_link_and_share_it_equally() -> None:
+    """200 transfers out of one NIC (more than the link's first rows: it grows), started in
+    reverse tid order (the state stays sorted by tid), share it equally and land together
+    at 200 x bytes / bandwidth."""
+    link = Link([10 * GB] + [10 * GB] * 4, setup_s=0.0)
+    for tid in range(200, 0, -1):  # (started in reverse tid order)
+        link.start(tid, 0, 1 + tid % 4, 1 * GB, now=0.0)
+    assert len(link) == 200 and list(link.tids()) == list(range(1, 201))
+    assert all(link.rate(t) == pytest.approx(10 * GB / 200, rel=EXACT) for t in link.tids())
+    events = drain(link)
+    assert len(events) == 1 and sorted(events[0][1]) == list(range(1, 201))
+    assert events[0][0] == pytest.approx(200 * GB / (10 * GB), rel=EXACT)
