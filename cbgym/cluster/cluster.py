@@ -171,7 +171,6 @@ class Cluster:
         ci[K.READS_LOADS] = router is None or router.reads_loads
         ci[K.PIPELINED] = config.link.mode == "pipelined"
         ci[K.AUDIT] = audit
-        ci[K.MAX_SEQS_ANY] = max(e.max_num_seqs for e in config.engines)
         si = np.zeros(K.NUM_CSI, np.int64)
         si[K.STOPPED] = -1
         # whose clock bounds each instance's: every other prefill or decode instance (an
@@ -183,7 +182,8 @@ class Cluster:
         np.fill_diagonal(peer, 0)
         req = np.zeros((K.NUM_CREQ, n), np.int64)
         req[K.PREFILL_I] = req[K.DECODE_I] = NOT_ROUTED
-        hcap = 4 * n + N * int(ci[K.MAX_SEQS_ANY]) + 64
+        # (a few events per request are pending at once; _grow doubles it if ever short)
+        hcap = 4 * n + N * max(e.max_num_seqs for e in config.engines) + 64
         nic = np.full(N, config.link.nic_bytes_per_s)
         f64, i64 = np.float64, np.int64
         return K.ClusterState(
@@ -254,8 +254,7 @@ class Cluster:
     def _grow(self) -> None:
         C = self.C
         heap_t, heap = C.heap_t, C.heap
-        need = C.si[K.HEAP_N] + max(int(self.S.si[:, L.OUTBOX_N].max()),
-                                    int(C.ci[K.MAX_SEQS_ANY])) + 2
+        need = C.si[K.HEAP_N] + int(self.S.si[:, L.OUTBOX_N].max())
         while need > len(heap_t):
             heap_t, heap = K.grow(heap_t), K.grow(heap)
         link = C.link

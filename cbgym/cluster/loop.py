@@ -8,7 +8,7 @@ order allows, turns instances' outboxes into events, carries KV over the link
 (:mod:`cbgym.cluster.kv`, :mod:`cbgym.cluster.link_ops`) and takes load reports. It returns
 when the door needs Python (a routing point, an instance's local policy to ask, a buffer to
 empty or grow, a stuck run) or when the cluster drained; the next call resumes where it
-stopped. The time-order rule is :mod:`cbgym.cluster.cluster`'s docstring.
+stopped. The time-order rule is :mod:`cbgym.cluster.order`'s docstring.
 """
 
 from __future__ import annotations
@@ -50,7 +50,6 @@ from cbgym.cluster.state import (
     KV_OUT,
     LAST_TID,
     LN,
-    MAX_SEQS_ANY,
     N_INST,
     NEXT,
     P_SHED,
@@ -279,10 +278,9 @@ def earliest_active(C: ClusterState, S: State) -> int:
 @no_alloc_kernel
 def room(C: ClusterState) -> bool:
     """The link and the transfer ids have room for what one pass may add (one transfer
-    start at most); the heap, for a typical outbox (:func:`finish_advance` checks the
-    actual one before reading it)."""
-    return (C.si[HEAP_N] + C.ci[MAX_SEQS_ANY] + 2 <= len(C.heap_t)
-            and C.link.si[LN] + 2 <= C.link.i.shape[1]
+    start at most; the heap is checked against the actual outbox before it is read,
+    :func:`finish_advance`)."""
+    return (C.link.si[LN] + 2 <= C.link.i.shape[1]
             and C.si[LAST_TID] + 2 < len(C.tid_rid))
 
 
@@ -304,6 +302,25 @@ def finish_advance(C: ClusterState, S: State, i: int, code: int) -> int:
 
 
 @no_alloc_kernel
+def step(C: ClusterState, S: State, P: Params, i: int) -> int:
+    """Advance instance i to its horizon (:func:`finish_advance`'s code)."""
+    C.si[ADVANCES] += 1
+    return finish_advance(C, S, i, advance(instance(S, i), params_at(P, i)))
+
+
+@no_alloc_kernel
+def route_next(C: ClusterState, S: State, P: Params, nxt: int, t: float) -> int:
+    """Route arrival ``nxt`` (at ``t``): ``CL_AT_ROUTE`` for a Python router at the door,
+    ``CL_BAD_ROUTE`` if the compiled rule's route cannot be applied, else -1 (placed)."""
+    if C.ci[ROUTER] == ro.DOOR:
+        return CL_AT_ROUTE
+    if not route_here(C, S, P, nxt, t):
+        return CL_BAD_ROUTE
+    C.si[NEXT] = nxt + 1
+    return -1
+
+
+@no_alloc_kernel
 def run(C: ClusterState, S: State, P: Params) -> int:
     """Advance the cluster until the door needs Python or it drained (module docstring).
     ``CL_AT_ROUTE``: request ``si[NEXT]`` waits for a route (Python places it and moves
@@ -312,10 +329,9 @@ def run(C: ClusterState, S: State, P: Params) -> int:
     ``CL_GROW``: a buffer of the cluster must grow; ``CL_BAD_ROUTE``: the compiled rule's
     route cannot be applied (instance ``si[BAD]``)."""
     i = C.si[STOPPED]
-    if i >= 0:  # resume the instance the last call stopped in
+    if i >= 0:  # resume the instance the last call stopped in (its horizon stands)
         C.si[STOPPED] = -1
-        C.si[ADVANCES] += 1
-        code = finish_advance(C, S, i, advance(instance(S, i), params_at(P, i)))
+        code = step(C, S, P, i)
         if code >= 0:
             return code
     n = len(C.arrival)
@@ -328,11 +344,9 @@ def run(C: ClusterState, S: State, P: Params) -> int:
         if C.ci[EAGER] and nxt < n and t_rep == np.inf:
             # the report it reads is taken (or it reads none): route it now, ahead of its
             # time; its delivery waits in an inbox and bounds nobody else
-            if C.ci[ROUTER] == ro.DOOR:
-                return CL_AT_ROUTE
-            if not route_here(C, S, P, nxt, t_arr):
-                return CL_BAD_ROUTE
-            C.si[NEXT] = nxt + 1
+            code = route_next(C, S, P, nxt, t_arr)
+            if code >= 0:
+                return code
             continue
         if C.ci[EAGER]:
             t_arr = np.inf
@@ -344,18 +358,14 @@ def run(C: ClusterState, S: State, P: Params) -> int:
             return CL_DRAINED
         if i < 0 or t_ext <= S.sf[i, L.NOW]:
             if t_arr == t_ext and t_ext != t_heap and t_ext != t_link and t_ext != t_rep:
-                if C.ci[ROUTER] == ro.DOOR:
-                    return CL_AT_ROUTE
-                if not route_here(C, S, P, nxt, t_arr):
-                    return CL_BAD_ROUTE
-                C.si[NEXT] = nxt + 1
+                code = route_next(C, S, P, nxt, t_arr)
+                if code >= 0:
+                    return code
                 continue
             handle(C, S, P, t_ext, t_link, t_heap)
             continue
         until = order.horizon(C, S, i, t_ext)
-        s = instance(S, i)
-        handoff.set_horizon(s, until)
-        C.si[ADVANCES] += 1
-        code = finish_advance(C, S, i, advance(s, params_at(P, i)))
+        handoff.set_horizon(instance(S, i), until)
+        code = step(C, S, P, i)
         if code >= 0:
             return code

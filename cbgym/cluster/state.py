@@ -24,8 +24,8 @@ _codes = L._codes
 # ROUTER: a compiled rule (cbgym.cluster.route_ops) or DOOR (a Python router answers at the
 # door); READS_LOADS: whether load reports are taken; AUDIT: check every transfer's blocks;
 # EAGER: route an arrival as soon as the load report it reads is taken (module cluster)
-(N_INST, ROUTER, READS_LOADS, PIPELINED, AUDIT, MAX_SEQS_ANY, EAGER) = _codes(7)
-NUM_CCI = 7
+(N_INST, ROUTER, READS_LOADS, PIPELINED, AUDIT, EAGER) = _codes(6)
+NUM_CCI = 6
 # ---------------------------------------------------------------- ClusterState.cf (static)
 # INTERVAL: load_report_interval_s; NIC / SETUP: the link config (Kairos-transfer's term);
 # ALPHA, BETA (Kairos), LENGTH, QUEUE (Dynamo), THRESHOLD (llm-d)
@@ -175,7 +175,9 @@ def view(S: State, i: int) -> State:
 
 @no_alloc_kernel
 def instance(S: State, i: int) -> State:
-    """Instance i's state (views into the batched arrays)."""
+    """Instance i's state (views into the batched arrays). ``cbgym.env.vector_ops.engine_at``
+    is its twin compiled with reference counting: a view returned by a kernel compiled
+    without it must not reach one compiled with it (it would be released once too often)."""
     return State(S.req[i], S.times[i], S.ids[i], S.si[i], S.sf[i], S.rec[i], S.blog[i],
                  S.plog[i], S.slots[i])
 

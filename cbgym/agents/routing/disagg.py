@@ -38,11 +38,9 @@ class AlwaysDisaggregate(DisaggregationRule):
     code = ro.ALWAYS
 
 
-
 class NeverDisaggregate(DisaggregationRule):
     name = "never-disaggregate"
     code = ro.NEVER
-
 
 
 class Dynamo(DisaggregationRule):

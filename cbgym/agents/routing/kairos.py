@@ -66,7 +66,7 @@ from cbgym.agents.params import parse_float
 from cbgym.agents.routing.compiled import CompiledRule
 from cbgym.cluster import route_ops as ro
 from cbgym.cluster.config import ClusterConfig
-from cbgym.cluster.routing import RouterContext, RoutingPoint
+from cbgym.cluster.routing import RoutingPoint
 from cbgym.cluster.state import ALPHA, BETA, BUDGET, COST_KIND
 
 CHUNKS = tuple(int(c) for c in ro.CHUNKS)
@@ -86,9 +86,6 @@ class Kairos(CompiledRule):
 
     def kernel_params(self) -> dict[int, float]:
         return {ALPHA: self.alpha, BETA: self.beta}
-
-    def reset(self, ctx: RouterContext) -> None:
-        super().reset(ctx)
 
     def _tables(self, config: ClusterConfig) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         if not config.disaggregated:
