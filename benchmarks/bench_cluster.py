@@ -43,7 +43,7 @@ def main() -> None:
         trace = load_trace(args.trace)
     except (FileNotFoundError, ValueError) as exc:
         print(f"({exc.__class__.__name__}: using the synthetic-conv workload instead)")
-        trace = synthetic_trace("synthetic-conv")
+        trace = synthetic_trace("conv")
     engine = cbgym.EngineConfig(preset=args.preset)
     mu = measure_capacity(trace, engine)
     print(f"{trace.name}: {len(trace)} requests, {args.preset}, one instance's capacity "

@@ -171,6 +171,7 @@ class Cluster:
         ci[K.READS_LOADS] = router is None or router.reads_loads
         ci[K.PIPELINED] = config.link.mode == "pipelined"
         ci[K.AUDIT] = audit
+        ci[K.LOCK_STEP] = lock_step
         si = np.zeros(K.NUM_CSI, np.int64)
         si[K.STOPPED] = -1
         # whose clock bounds each instance's: every other prefill or decode instance (an

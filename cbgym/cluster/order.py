@@ -17,14 +17,29 @@ never bound each other into creeping one ulp at a time. An instance idle under a
 decided in the kernel (it waits for blocks or KV) acts only after an event, or at its next
 delivered arrival: that, not its clock, bounds the others (found in review: routed ahead of
 time, such an arrival woke it after a peer had run past it). Unified replicas exchange
-nothing and are bounded by external events only.
+nothing and are bounded by external events only. Decode instances exchange nothing directly
+either, only through a prefill instance with work (its queue, its KV held for a transfer and
+the NICs those transfers share): while no prefill instance has any, a decode peer bounds a
+decode instance no earlier than the next arrival delivered to a prefill instance
+(:func:`relay_from`; with Kairos, which deflects most requests, the two decode instances no
+longer step each other one iteration at a time).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from cbgym.cluster.state import ACTIVE, KEYED, N_INST, ClusterState
+from cbgym.cluster.state import (
+    ACTIVE,
+    DECODE,
+    KEYED,
+    KV_OUT,
+    LOCK_STEP,
+    N_INST,
+    PREFILL,
+    ROLE,
+    ClusterState,
+)
 from cbgym.engine import layout as L
 from cbgym.engine.jit import no_alloc_kernel
 from cbgym.engine.layout import State
@@ -57,6 +72,21 @@ def acts_from(S: State, j: int, t_ext: float) -> float:
 
 
 @no_alloc_kernel
+def relay_from(C: ClusterState, S: State) -> float:
+    """The earliest a decode instance's action can reach another decode instance: through a
+    prefill instance that holds work (queued, running, or KV held for a transfer), now
+    (-inf); else not before the next arrival delivered to a prefill instance (inf: none)."""
+    t = np.inf
+    for k in range(C.ci[N_INST]):
+        if C.inst[ROLE, k] != PREFILL:
+            continue
+        if S.si[k, L.N_RUN] > 0 or S.si[k, L.N_WAIT] > 0 or C.inst[KV_OUT, k] > 0:
+            return -np.inf
+        t = min(t, next_arrival(S, k))
+    return t
+
+
+@no_alloc_kernel
 def horizon(C: ClusterState, S: State, i: int, t_ext: float) -> float:
     """How far instance i may run: before ``t_ext`` and, unless it idles under a policy
     asked outside the kernel, the clocks of the peers that may act (module docstring)."""
@@ -66,12 +96,20 @@ def horizon(C: ClusterState, S: State, i: int, t_ext: float) -> float:
         # every idle tick, up to the next external event: bounding it by its peers would
         # make two such instances creep forward one ulp at a time)
         return until
+    # decode instances exchange nothing directly, only through a prefill instance with
+    # work: a decode peer bounds a decode instance no earlier than relay (none if inf)
+    decode = C.inst[ROLE, i] == DECODE and not C.ci[LOCK_STEP]
+    relay = relay_from(C, S) if decode else -np.inf
     for j in range(C.ci[N_INST]):
         if not (C.peer[i, j] and C.inst[ACTIVE, j]):
             continue
         if C.inst[KEYED, j] and asleep(S, j):
-            # only an event (bounded by t_ext) or its next delivered arrival wakes it
-            until = min(until, np.nextafter(next_arrival(S, j), np.inf))
+            t = next_arrival(S, j)  # only an event (bounded by t_ext) or it wakes j
         else:
-            until = min(until, np.nextafter(acts_from(S, j, t_ext), np.inf))
+            t = acts_from(S, j, t_ext)
+        if decode and C.inst[ROLE, j] == DECODE:
+            if relay == np.inf:
+                continue
+            t = max(t, relay)
+        until = min(until, np.nextafter(t, np.inf))
     return until

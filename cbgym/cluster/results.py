@@ -21,7 +21,7 @@ first token. The parts add up to ``ttft_s``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import TYPE_CHECKING
 
@@ -40,7 +40,19 @@ class ClusterResult(SimulationResult):
     """A :class:`~cbgym.metrics.SimulationResult` whose ``timeseries`` has an ``instance``
     column; ``instances`` holds each instance's time series apart."""
 
-    instances: list[pd.DataFrame] = field(default_factory=list)
+    num_instances: int = 0
+
+    @property
+    def instances(self) -> list[pd.DataFrame]:
+        """Each instance's time series apart (its rows of ``timeseries``, renumbered)."""
+        ts = self.timeseries
+        parts = [ts[ts["instance"].to_numpy() == i] for i in range(self.num_instances)]
+        out = []
+        for part in parts:
+            part = part.reset_index(drop=True)
+            part.index.name = "iteration"
+            out.append(part)
+        return out
 
 
 def merged_table(c: Cluster) -> SimpleNamespace:
@@ -87,35 +99,33 @@ def merged_table(c: Cluster) -> SimpleNamespace:
 def cluster_result(c: Cluster, meta: dict) -> ClusterResult:
     """Turn a drained cluster into a :class:`ClusterResult`."""
     table = merged_table(c)
-    req = requests_frame(table, c.slo)
     disagg = c.prefill_instance >= 0
-    req["prefill_instance"] = c.prefill_instance
-    req["decode_instance"] = c.decode_instance
-    req["deflected"] = c.deflected
-    req["prefill_done_s"] = c.prefill_done_s
-    req["transfer_start_s"] = c.transfer_start_s
-    req["transfer_end_s"] = c.transfer_end_s
-    req["transfer_bytes"] = c.transfer_bytes
-    sched, first = req["first_scheduled_s"].to_numpy(), req["first_token_s"].to_numpy()
+    sched, first = table.first_scheduled_s, table.first_token_s
     done = np.where(disagg, c.prefill_done_s, first)
-    req["ttft_queue_s"] = sched - req["arrival_s"].to_numpy()
-    req["ttft_prefill_s"] = done - sched
-    zero = np.zeros(len(req))
+    zero = np.zeros(table.n)
     # (pipelined: transfers start before the prefill ends; only what follows it is exposed)
-    start, done = c.transfer_start_s, c.prefill_done_s
-    req["ttft_decode_wait_s"] = np.where(disagg, np.maximum(start - done, 0.0), zero)
-    req["ttft_transfer_s"] = np.where(disagg, c.transfer_end_s - np.maximum(start, done), zero)
-    req["ttft_first_step_s"] = np.where(disagg, first - c.transfer_end_s, zero)
-    shed = req["status"] == "shed"
-    parts = ["ttft_queue_s", "ttft_prefill_s", "ttft_decode_wait_s", "ttft_transfer_s",
-             "ttft_first_step_s"]
-    req.loc[shed, parts] = np.nan
-    series = []
-    for i, eng in enumerate(c.engines):
-        ts = timeseries_frame(eng.recorder.timeseries(), eng.kv.num_blocks)
-        ts.insert(0, "instance", i)
-        series.append(ts)
-    timeseries = pd.concat(series, ignore_index=True)
+    start, p_done = c.transfer_start_s, c.prefill_done_s
+    parts = {"ttft_queue_s": sched - table.arrival_s, "ttft_prefill_s": done - sched,
+             "ttft_decode_wait_s": np.where(disagg, np.maximum(start - p_done, 0.0), zero),
+             "ttft_transfer_s": np.where(disagg, c.transfer_end_s - np.maximum(start, p_done),
+                                         zero),
+             "ttft_first_step_s": np.where(disagg, first - c.transfer_end_s, zero)}
+    shed = table.status != L.FINISHED  # (requests_frame's "shed")
+    for col in parts.values():
+        col[shed] = np.nan
+    req = requests_frame(table, c.slo, {
+        "prefill_instance": c.prefill_instance, "decode_instance": c.decode_instance,
+        "deflected": c.deflected, "prefill_done_s": c.prefill_done_s,
+        "transfer_start_s": c.transfer_start_s, "transfer_end_s": c.transfer_end_s,
+        "transfer_bytes": c.transfer_bytes, **parts})
+    # one frame for all instances (building one per instance and concatenating costs as
+    # much as the run on a short trace)
+    rows = [eng.recorder.timeseries() for eng in c.engines]
+    which = np.repeat(np.arange(len(rows)), [len(r) for r in rows])
+    blocks = np.array([eng.kv.num_blocks for eng in c.engines])[which]
+    timeseries = timeseries_frame(np.concatenate(rows), blocks)
+    timeseries.insert(0, "instance", which)
     timeseries.index.name = "row"
     return ClusterResult(requests=req, timeseries=timeseries, iterations=None,
-                         preemption_log=None, slo=c.slo, meta=meta, instances=series)
+                         preemption_log=None, slo=c.slo, meta=meta,
+                         num_instances=len(c.engines))

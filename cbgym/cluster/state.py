@@ -23,9 +23,10 @@ _codes = L._codes
 # ---------------------------------------------------------------- ClusterState.ci (static)
 # ROUTER: a compiled rule (cbgym.cluster.route_ops) or DOOR (a Python router answers at the
 # door); READS_LOADS: whether load reports are taken; AUDIT: check every transfer's blocks;
-# EAGER: route an arrival as soon as the load report it reads is taken (module cluster)
-(N_INST, ROUTER, READS_LOADS, PIPELINED, AUDIT, EAGER) = _codes(6)
-NUM_CCI = 6
+# EAGER: route an arrival as soon as the load report it reads is taken (module cluster);
+# LOCK_STEP: every instance bounded by every other (the time-order tests' reference)
+(N_INST, ROUTER, READS_LOADS, PIPELINED, AUDIT, EAGER, LOCK_STEP) = _codes(7)
+NUM_CCI = 7
 # ---------------------------------------------------------------- ClusterState.cf (static)
 # INTERVAL: load_report_interval_s; NIC / SETUP: the link config (Kairos-transfer's term);
 # ALPHA, BETA (Kairos), LENGTH, QUEUE (Dynamo), THRESHOLD (llm-d)

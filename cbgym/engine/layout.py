@@ -186,13 +186,17 @@ def fill_state(s: State, arrival_s: np.ndarray, prompt: np.ndarray, output: np.n
     order), no horizon. The one way a run starts, for an engine and for each env of a batch."""
     req, times, ids = s.req, s.times, s.ids
     n = len(arrival_s)
-    for j in range(n):
-        for r in range(req.shape[0]):
+    # row by row: each row is contiguous (a request's fields are a column)
+    for r in range(req.shape[0]):
+        for j in range(n):
             req[r, j] = 0
-        for r in range(ids.shape[0]):
+    for r in range(ids.shape[0]):
+        for j in range(n):
             ids[r, j] = 0
-        for r in range(times.shape[0]):
+    for r in range(times.shape[0]):
+        for j in range(n):
             times[r, j] = np.nan
+    for j in range(n):
         req[PROMPT, j] = prompt[j]
         req[OUTPUT, j] = output[j]
         req[TOKENS, j] = prompt[j]
