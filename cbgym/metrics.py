@@ -246,6 +246,7 @@ def requests_frame(table: Any, slo: SLOSpec,
             "ttft_s": ttft,
             "tpot_s": tpot(table.first_token_s, table.finish_s, table.generated),
             "itl_max_s": table.itl_max_s,
+            "itl_p99_s": table.itl_p99_s,
             "e2e_s": table.finish_s - table.arrival_s,
             "queue_s": table.first_scheduled_s - table.arrival_s,
             "preemptions": table.preemptions,
@@ -256,7 +257,7 @@ def requests_frame(table: Any, slo: SLOSpec,
     )
     frame.index.name = "request_id"
     shed = status == "shed"
-    frame.loc[shed, ["ttft_s", "tpot_s", "itl_max_s", "e2e_s"]] = np.nan
+    frame.loc[shed, ["ttft_s", "tpot_s", "itl_max_s", "itl_p99_s", "e2e_s"]] = np.nan
     return frame
 
 

@@ -1,6 +1,6 @@
 """The engine's hooks for clusters change nothing for a standalone engine: decode stretches
 and horizons split iterations without changing a result; the per-request worst gap between
-tokens (``itl_max_s``) is exact."""
+tokens (``itl_max_s``) and the p99 of the gaps (``itl_p99_s``) are exact."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from cbgym import EngineConfig, LinearCostModel, Trace
 from cbgym.engine import handoff
 from cbgym.engine import layout as L
+from cbgym.engine.decision import Decision
 from cbgym.engine.engine import Engine
 from cbgym.metrics import SLO, requests_frame
 from cbgym.simulate import simulate
@@ -101,3 +102,42 @@ def test_deliveries_ahead_of_time_keep_the_inbox_in_arrival_order() -> None:
     assert s.si[L.NEXT_ARRIVAL] == 2
     with pytest.raises(AssertionError, match="before an arrived request"):
         handoff.deliver(s, 3, 0.5, 2, False, L.LOCAL, 0, 1)
+
+
+def gaps_by_iteration(tr: Trace) -> tuple[list[list[float]], pd.DataFrame]:
+    """Every request's gaps between tokens, read after each iteration (asked every one)."""
+    eng = Engine(tr, ENGINE, consult="always")
+    s = eng.state
+    gaps: list[list[float]] = [[] for _ in range(len(tr))]
+    seen = s.req[L.GENERATED].copy()
+    last = s.times[L.LAST_TOKEN].copy()
+    while eng.next_decision() is not None:
+        eng.decide(Decision())
+        now = s.req[L.GENERATED]
+        for rid in np.flatnonzero(now != seen):
+            assert now[rid] == seen[rid] + 1  # one token an iteration
+            if seen[rid] >= 1:
+                gaps[rid].append(float(s.times[L.LAST_TOKEN, rid] - last[rid]))
+        seen, last = now.copy(), s.times[L.LAST_TOKEN].copy()
+    return gaps, frame(eng)
+
+
+@settings(max_examples=15, deadline=None)
+@given(seed=st.integers(0, 10_000), long=st.booleans())
+def test_itl_p99_is_numpys_percentile_of_the_gaps(seed: int, long: bool) -> None:
+    """``itl_p99_s`` is ``np.percentile(gaps, 99)`` of the request's gaps, bit for bit, with
+    stretches (the default run) and iteration by iteration; ``itl_max_s`` their maximum."""
+    rng = np.random.default_rng(seed)
+    n = 30
+    out = rng.integers(1, 1500 if long else 200, n)  # long: heaps of up to 16 gaps
+    tr = Trace.from_arrays(np.sort(rng.uniform(0, 8, n)), rng.integers(1, 1500, n), out,
+                           name="t", rebase=False)
+    gaps, stepped = gaps_by_iteration(tr)
+    plain = run_plain(tr, True)
+    for rid, g in enumerate(gaps):
+        if plain["status"].iloc[rid] != "finished":
+            continue
+        want = float(np.percentile(g, 99)) if g else 0.0
+        assert plain["itl_p99_s"].iloc[rid] == want, (rid, len(g))
+        assert stepped["itl_p99_s"].iloc[rid] == want
+        assert plain["itl_max_s"].iloc[rid] == (max(g) if g else 0.0)

@@ -60,7 +60,7 @@ from cbgym.cluster.routing import (
     check_route,
 )
 from cbgym.cluster.tables import loads_of, rule_settings, static_tables
-from cbgym.engine import handoff
+from cbgym.engine import gaps, handoff
 from cbgym.engine import layout as L
 from cbgym.engine.decision import Policy, PolicyContext
 from cbgym.engine.engine import Engine
@@ -148,7 +148,8 @@ class Cluster:
         engines = config.engines
         block = max(int(e.block_size or 1) for e in engines)
         rows = max(max(L.LOG_ROWS, 4 * e.max_num_seqs) for e in engines)
-        return K.batched_states(config.num_instances, len(trace), block, rows)
+        return K.batched_states(config.num_instances, len(trace), block, rows,
+                                gaps.slots(trace.output_tokens))
 
     @staticmethod
     def _rule(router: Router | None) -> tuple[int, dict[int, float]]:
@@ -228,29 +229,36 @@ class Cluster:
 
     def _advance(self) -> int:
         """Call the compiled loop until it stops at the door or drains; act on the other
-        stops (ask a local policy, empty a buffer, grow one, raise)."""
+        stops (:meth:`serve_stop`)."""
         while True:
             code = self._run(self.C, self.S, self.P)
             if code in (K.CL_DRAINED, K.CL_AT_ROUTE):
                 return int(code)
-            if code == K.CL_GROW:
-                self._grow()
-                continue
-            if code == K.CL_BAD_ROUTE:
-                i = int(self.C.si[K.BAD])
-                raise InvalidRouteError(
-                    f"router {getattr(self.router, 'name', '?')!r}: its route cannot be "
-                    f"applied on this cluster (instance {i}: no pool the rule needs, or a "
-                    "chunk cap on an instance without chunked prefill)")
-            i = int(self.C.si[K.STOPPED])
-            eng = self.engines[i]
-            if code == K.CL_NEED_ROOM:
-                eng.recorder.flush()
-            elif code == K.CL_STUCK:
-                eng.settle(L.TOO_MANY_IDLE_TICKS)  # raises EngineStuckError
-            else:
-                eng.settle(L.AT_DECISION)
-                eng.decide(self.policies[i].decide(eng._decision_point()))
+            self.serve_stop(int(code))
+
+    def serve_stop(self, code: int) -> None:
+        """Act on a stop of the compiled loop other than the door or the drain: grow a buffer
+        (``self.C`` is then a new tuple), empty an instance's time-series buffer, ask its
+        local policy, or raise; the loop's next call resumes. (Also the native cluster
+        vector env's way back to Python: ``cbgym.env.cluster_vector``.)"""
+        if code == K.CL_GROW:
+            self._grow()
+            return
+        if code == K.CL_BAD_ROUTE:
+            i = int(self.C.si[K.BAD])
+            raise InvalidRouteError(
+                f"router {getattr(self.router, 'name', '?')!r}: its route cannot be "
+                f"applied on this cluster (instance {i}: no pool the rule needs, or a "
+                "chunk cap on an instance without chunked prefill)")
+        i = int(self.C.si[K.STOPPED])
+        eng = self.engines[i]
+        if code == K.CL_NEED_ROOM:
+            eng.recorder.flush()
+        elif code == K.CL_STUCK:
+            eng.settle(L.TOO_MANY_IDLE_TICKS)  # raises EngineStuckError
+        else:
+            eng.settle(L.AT_DECISION)
+            eng.decide(self.policies[i].decide(eng._decision_point()))
 
     def _grow(self) -> None:
         C = self.C

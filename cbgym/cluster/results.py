@@ -65,7 +65,7 @@ def merged_table(c: Cluster) -> SimpleNamespace:
              "first_scheduled_s": S.times[:, L.FIRST_SCHEDULED],
              "first_token_s": S.times[:, L.FIRST_TOKEN], "finish_s": S.times[:, L.FINISH],
              "generated": S.req[:, L.GENERATED], "preemptions": S.req[:, L.PREEMPTIONS],
-             "itl_max_s": S.times[:, L.ITL_MAX]}
+             "itl_max_s": S.times[:, L.ITL_MAX], "itl_p99_s": S.times[:, L.ITL_P99]}
     first = np.where(c.prefill_instance >= 0, c.prefill_instance, c.decode_instance)
     # the instance that ends it: D once delivered there, else where it was (P, or unified)
     on_d = (c.decode_instance >= 0) & (stack["status"][np.maximum(c.decode_instance, 0), idx]
@@ -93,6 +93,7 @@ def merged_table(c: Cluster) -> SimpleNamespace:
         finish_s=np.where(routed, stack["finish_s"][la, idx], tr.arrival_s),
         generated=np.where(routed, stack["generated"][la, idx], 0),
         itl_max_s=np.where(routed, stack["itl_max_s"][la, idx], nan),
+        itl_p99_s=np.where(routed, stack["itl_p99_s"][la, idx], nan),
         preemptions=np.where(routed, stack["preemptions"].sum(axis=0), 0))
 
 

@@ -151,13 +151,14 @@ def grow(a: np.ndarray) -> np.ndarray:
     return out
 
 
-def batched_states(N: int, n: int, block_size: int, log_rows: int) -> State:
-    """Empty engine states for N instances of n requests, instance by leading row."""
+def batched_states(N: int, n: int, block_size: int, log_rows: int, gap_slots: int) -> State:
+    """Empty engine states for N instances of n requests, instance by leading row
+    (``gap_slots``: ``cbgym.engine.gaps.slots`` of their output lengths)."""
     return State(np.zeros((N, L.NUM_REQ_ROWS, n), np.int64), np.zeros((N, L.NUM_TIME_ROWS, n)),
                  np.zeros((N, L.NUM_ID_ROWS, n), np.int64), np.zeros((N, L.NUM_SI), np.int64),
                  np.zeros((N, L.NUM_SF)), np.zeros((N, L.REC_ROWS, len(L.REC_COLUMNS))),
                  np.zeros((N, log_rows, 3), np.int64), np.zeros((N, log_rows, 2), np.int64),
-                 np.zeros((N, block_size), np.int64))
+                 np.zeros((N, block_size), np.int64), np.zeros((N, gap_slots)))
 
 
 def batched_params(params: list[Params]) -> Params:
@@ -180,7 +181,7 @@ def instance(S: State, i: int) -> State:
     is its twin compiled with reference counting: a view returned by a kernel compiled
     without it must not reach one compiled with it (it would be released once too often)."""
     return State(S.req[i], S.times[i], S.ids[i], S.si[i], S.sf[i], S.rec[i], S.blog[i],
-                 S.plog[i], S.slots[i])
+                 S.plog[i], S.slots[i], S.gaps[i])
 
 
 @no_alloc_kernel

@@ -93,12 +93,15 @@ class Engine:
             (:meth:`run_until`) instead of through :meth:`next_decision`.
         state: arrays to run in (a cluster's instance: views into the cluster's batched
             state, which its compiled loop advances); new ones by default.
+        itl_p99: keep what each request's p99 gap between tokens needs (``itl_p99_s``; a
+            run 25-35% slower on a real trace); else its worst gap only (``itl_p99_s`` NaN,
+            as always in the study's engine mode). The envs keep it off.
     """
 
     def __init__(self, trace: Trace, config: EngineConfig, consult: str = "on_change",
                  record_iterations: bool = False, keys: np.ndarray | None = None,
                  decode_stretches: bool = True, routed: bool = False,
-                 state: L.State | None = None) -> None:
+                 state: L.State | None = None, itl_p99: bool = True) -> None:
         if consult not in CONSULT_MODES:
             raise ValueError(f"Engine consult={consult!r}: expected one of {CONSULT_MODES}")
         assert config.num_kv_blocks is not None and config.block_size is not None
@@ -108,7 +111,8 @@ class Engine:
                                      decode_stretches)
         self.state = s = L.new_state(trace.arrival_s, trace.prompt_tokens, trace.output_tokens,
                                      config.num_kv_blocks, host_swap_tokens(config),
-                                     config.max_num_seqs, config.block_size, routed, state)
+                                     config.max_num_seqs, config.block_size, routed, state,
+                                     p99=itl_p99 and not config.paper_mode)
         if keys is not None:
             k = np.asarray(keys, dtype=np.float64)
             if k.shape != (len(trace),) or not np.isfinite(k).all():

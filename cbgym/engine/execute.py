@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from cbgym.engine import gaps
 from cbgym.engine.jit import no_alloc_kernel
 from cbgym.engine.kutil import end, keep_status, release, report
 from cbgym.engine.layout import (
@@ -17,6 +18,8 @@ from cbgym.engine.layout import (
     FINISHED,
     FIRST_TOKEN,
     FREE,
+    GAP,
+    GAP_MIN,
     GENERATED,
     IDLE_TICK_S,
     IDLE_TICKS,
@@ -25,6 +28,7 @@ from cbgym.engine.layout import (
     INBOX_N,
     ITERATION,
     ITL_MAX,
+    ITL_P99,
     KEEP_KV,
     KERNEL_POLICY,
     LAST_DT,
@@ -39,6 +43,7 @@ from cbgym.engine.layout import (
     ON_COMPLETION,
     OUTBOX_N,
     OUTPUT,
+    P99_ON,
     PIPELINED,
     PREEMPTED_NOW,
     R_MML,
@@ -97,6 +102,22 @@ def record(s: State, p: Params, start: float, dt: float, tokens: int, prefill: i
 
 
 @no_alloc_kernel
+def add_gap(s: State, rid: int, gap: float) -> None:
+    """A gap between two of ``rid``'s tokens, into its heap of largest ones (gaps.py) if it
+    can enter (the caller checked ``gap > times[GAP_MIN, rid]``, one cache line per token)."""
+    s.req[GAP, rid], s.times[GAP_MIN, rid] = gaps.offer(s.gaps, s.req[GAP, rid], gap)
+
+
+@no_alloc_kernel
+def close_gaps(s: State, rid: int) -> None:
+    """``rid`` ended: its worst gap and the p99 of its gaps from its heap."""
+    off, _, n = gaps.unpack(s.req[GAP, rid])
+    s.times[ITL_P99, rid] = (gaps.p99(s.gaps, off, n, s.req[GENERATED, rid] - 1)
+                             if s.si[P99_ON] else np.nan)
+    s.times[ITL_MAX, rid] = s.gaps[off + n - 1] if n > 0 else 0.0
+
+
+@no_alloc_kernel
 def finished(s: State, p: Params, rid: int) -> bool:
     """End ``rid`` if it just produced its last token (or reached max_model_len)."""
     mml = p.ci[MAX_MODEL_LEN]
@@ -105,6 +126,7 @@ def finished(s: State, p: Params, rid: int) -> bool:
     capped = mml >= 0 and tokens[rid] >= mml and not full
     if not (full or capped):
         return False
+    close_gaps(s, rid)
     end(s, rid, FINISHED, s.sf[NOW], R_MML if capped else 0)
     if s.req[KEEP_KV, rid]:
         report(s, rid)  # a prefill instance keeps the blocks until its KV has been sent
@@ -204,8 +226,8 @@ def execute(s: State, p: Params, m: int) -> int:
                q_ctx, (q_sq + num_tokens) // 2, kv_tokens, si[SWAP_BYTES])
     begin = sf[NOW]
     sf[NOW] = begin + dt
-    first_token, last_token, itl_max = s.times[FIRST_TOKEN], s.times[LAST_TOKEN], s.times[
-        ITL_MAX]
+    first_token, last_token, gap_min = s.times[FIRST_TOKEN], s.times[LAST_TOKEN], s.times[
+        GAP_MIN]
     for j in range(m):
         rid = sched_ids[j]
         computed[rid] += sched_tokens[j]
@@ -214,11 +236,15 @@ def execute(s: State, p: Params, m: int) -> int:
             tokens[rid] += 1
             if generated[rid] == 1:
                 first_token[rid] = sf[NOW]
-            else:
-                itl_max[rid] = max(itl_max[rid], sf[NOW] - last_token[rid])
-            last_token[rid] = sf[NOW]
         elif s.req[KEEP_KV, rid] == PIPELINED:
             report(s, rid)  # a prompt chunk done: its KV can be sent (pipelined link)
+    for j in range(m):  # the gaps between tokens (a loop apart measured faster)
+        if sampled[j]:
+            rid = sched_ids[j]
+            gap = sf[NOW] - last_token[rid]
+            if generated[rid] > 1 and gap > gap_min[rid]:
+                add_gap(s, rid, gap)
+            last_token[rid] = sf[NOW]
     record(s, p, begin, dt, num_tokens, num_tokens - num_decode, num_decode, np.int64(1))
     if p.ci[RECORD]:
         for j in range(m):

@@ -16,6 +16,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from cbgym.engine import gaps
 from cbgym.engine.jit import no_alloc_kernel
 
 
@@ -37,8 +38,11 @@ NEVER, ON_CHANGE, ON_COMPLETION, EVERY_ITERATION, ALWAYS = _codes(5)
 (N_RUN, N_WAIT, NEXT_ARRIVAL, FREE, ITERATION, TOTAL_PREEMPT, NUM_FINISHED, NUM_ENDED,
  IDLE_TICKS, HOST_FREE, SWAP_BYTES, PREEMPTED_NOW, REC_N, BLOG_N, PLOG_N, CHANGED, SHORTFALL,
  PLAN_TOTAL, PLAN_DECODING, PLAN_VALID, STAND_N, STAND_HAS, VICT_N, VICT_HAS,
- ROW_OPEN, PLAN_LEFT, PLAN_CTX, INBOX_N, OUTBOX_N, IDLED, KERNEL_POLICY) = _codes(31)
-NUM_SI = 31
+ ROW_OPEN, PLAN_LEFT, PLAN_CTX, INBOX_N, OUTBOX_N, IDLED, KERNEL_POLICY, GAP_TOP,
+ P99_ON) = _codes(33)
+NUM_SI = 33
+# GAP_TOP: the most gaps a request keeps (cbgym.engine.gaps), a stretch's scratch size;
+# P99_ON: requests keep the gaps their p99 needs (else only their worst)
 # KERNEL_POLICY: a cluster's instance whose local policy is decided in the kernel (FCFS or a
 # static key): idle, it waits for its cluster's next event instead of ticking
 # IDLED: the last iteration scheduled nothing (and nothing was delivered since): with the
@@ -93,11 +97,12 @@ class Params(NamedTuple):
 
 # ---------------------------------------------------------------- State.req rows (int64)
 (PROMPT, OUTPUT, TOKENS, COMPUTED, GENERATED, HOST_TOKENS, PREEMPTIONS, HELD, STATUS,
- REASON, KEEP_KV, REMOTE, CHUNK_CAP, RANK) = _codes(14)
-NUM_REQ_ROWS = 14
+ REASON, KEEP_KV, REMOTE, CHUNK_CAP, RANK, GAP) = _codes(15)
+NUM_REQ_ROWS = 15
 # ---------------------------------------------------------------- State.times rows (float64)
-ARRIVAL, FIRST_SCHEDULED, FIRST_TOKEN, FINISH, KEY, KV_EVENT, LAST_TOKEN, ITL_MAX = _codes(8)
-NUM_TIME_ROWS = 8
+(ARRIVAL, FIRST_SCHEDULED, FIRST_TOKEN, FINISH, KEY, KV_EVENT, LAST_TOKEN, ITL_MAX,
+ ITL_P99, GAP_MIN) = _codes(10)
+NUM_TIME_ROWS = 10
 # ---------------------------------------------------------------- State.ids rows (int64)
 (RUN_Q, WAIT_Q, FINISH_ORDER, STAND_ORDER, STAND_VICTIMS, PLAN_TOKENS, PLAN_NEED, SCHED_IDS,
  SCHED_TOKENS, ORDER, NEVER_FIT, SAMPLED, SCRATCH, INBOX, OUTBOX) = _codes(15)
@@ -119,12 +124,15 @@ class State(NamedTuple):
     # instances: KEEP_KV (1: a prefill instance's request, whose blocks outlive it until its
     # KV has been sent), REMOTE (LOCAL ... REMOTE_READY above), RANK (where a delivery
     # goes among the inbox's deliveries of the same instant: 0 before 1), CHUNK_CAP (most prompt
-    # tokens per iteration; 0: the budget's)
+    # tokens per iteration; 0: the budget's); GAP (its heap of largest gaps between tokens
+    # in ``gaps``: where, how large, how full, packed by cbgym.engine.gaps.pack)
     req: np.ndarray
     # per request: ARRIVAL (at this instance), FIRST_SCHEDULED, FIRST_TOKEN, FINISH
     # (seconds; NaN: not yet), KEY (a static policy's key: lower admitted first), KV_EVENT
     # (when its last outbox event happened), LAST_TOKEN (when it sampled its last token),
-    # ITL_MAX (its longest gap between two tokens, 0 before a second token)
+    # ITL_MAX / ITL_P99 (its longest gap between two tokens and the p99 of its gaps, numpy's
+    # linear method; set when it ends, 0 without a gap), GAP_MIN (the least gap its heap of
+    # largest gaps keeps once full, -inf before: a smaller gap is not kept)
     times: np.ndarray
     # id lists, each n long:
     #   RUN_Q (running, admission order; first si[N_RUN]), WAIT_Q (waiting, queue order;
@@ -146,21 +154,24 @@ class State(NamedTuple):
     blog: np.ndarray  # (rows, 3) batch log: iteration, request id, tokens; first si[BLOG_N]
     plog: np.ndarray  # (rows, 2) preemptions: iteration, request id; first si[PLOG_N]
     slots: np.ndarray  # (block_size,) scratch: running requests by free slots in last block
+    gaps: np.ndarray  # each request's largest gaps between tokens (cbgym.engine.gaps)
 
 
 def new_state(arrival_s: np.ndarray, prompt: np.ndarray, output: np.ndarray,
               num_blocks: int, host_free_tokens: int, max_seqs: int,
-              block_size: int, routed: bool = False, out: State | None = None) -> State:
+              block_size: int, routed: bool = False, out: State | None = None,
+              p99: bool = True) -> State:
     """A fresh run's state. Every array is C-contiguous and writeable, so a state always has
     the same numba type (an unpickled one included). ``routed``: an instance of a cluster,
     whose requests arrive only when delivered (an empty inbox). ``out``: arrays to start the
     run in instead of new ones (a cluster's instance: views into its batched state), at
-    least as large as these would be."""
+    least as large as these would be. ``p99``: keep what each request's p99 gap needs
+    (``itl_p99_s``); else only its worst gap, cheaper (the study's engine mode)."""
     n = len(arrival_s)
     log_rows = max(LOG_ROWS, 4 * max_seqs)
     if out is not None:
         if (out.req.shape != (NUM_REQ_ROWS, n) or len(out.blog) < log_rows
-                or len(out.slots) < block_size):
+                or len(out.slots) < block_size or len(out.gaps) < gaps.slots(output)):
             raise ValueError("new_state: out= arrays too small for this run")
         s = out
     else:
@@ -168,11 +179,12 @@ def new_state(arrival_s: np.ndarray, prompt: np.ndarray, output: np.ndarray,
                   np.zeros((NUM_ID_ROWS, n), np.int64),
                   np.zeros(NUM_SI, np.int64), np.zeros(NUM_SF),
                   np.zeros((REC_ROWS, len(REC_COLUMNS))), np.zeros((log_rows, 3), np.int64),
-                  np.zeros((log_rows, 2), np.int64), np.zeros(block_size, np.int64))
+                  np.zeros((log_rows, 2), np.int64), np.zeros(block_size, np.int64),
+                  np.zeros(gaps.slots(output)))
     fill_state(s, np.ascontiguousarray(arrival_s, dtype=np.float64),
                np.ascontiguousarray(prompt, dtype=np.int64),
                np.ascontiguousarray(output, dtype=np.int64), np.int64(num_blocks),
-               np.int64(host_free_tokens))
+               np.int64(host_free_tokens), p99)
     if routed:
         s.si[INBOX_N] = 0
     return s
@@ -180,10 +192,11 @@ def new_state(arrival_s: np.ndarray, prompt: np.ndarray, output: np.ndarray,
 
 @no_alloc_kernel
 def fill_state(s: State, arrival_s: np.ndarray, prompt: np.ndarray, output: np.ndarray,
-               num_blocks: int, host_free_tokens: int) -> None:
+               num_blocks: int, host_free_tokens: int, p99: bool) -> None:
     """Start a run in ``s``'s arrays (sized for these requests): nothing has arrived, every
     block is free, every request will arrive at its time (the inbox holds them all, in
-    order), no horizon. The one way a run starts, for an engine and for each env of a batch."""
+    order), no horizon. The one way a run starts, for an engine and for each env of a batch.
+    ``s.gaps`` must hold at least ``gaps.slots(output)``; ``p99``: as :func:`new_state`'s."""
     req, times, ids = s.req, s.times, s.ids
     n = len(arrival_s)
     # row by row: each row is contiguous (a request's fields are a column)
@@ -203,7 +216,18 @@ def fill_state(s: State, arrival_s: np.ndarray, prompt: np.ndarray, output: np.n
         times[ARRIVAL, j] = arrival_s[j]
         times[KEY, j] = 0.0
         times[ITL_MAX, j] = 0.0
+        times[GAP_MIN, j] = -np.inf
         ids[INBOX, j] = j
+    top = 1
+    for j in range(n):
+        top = max(top, gaps.keep(output[j]) if p99 else 1)
+    off = top  # (the first ``top`` slots: a decode stretch's scratch)
+    for j in range(n):
+        k = gaps.keep(output[j]) if p99 else 1
+        req[GAP, j] = gaps.pack(off, k, 0)
+        off += k
+    if off > len(s.gaps):
+        raise ValueError("fill_state: State.gaps is shorter than gaps.slots(output)")
     for k in range(len(s.si)):
         s.si[k] = 0
     for k in range(len(s.sf)):
@@ -214,4 +238,6 @@ def fill_state(s: State, arrival_s: np.ndarray, prompt: np.ndarray, output: np.n
     s.si[HOST_FREE] = host_free_tokens
     s.si[CHANGED] = 1
     s.si[INBOX_N] = n
+    s.si[GAP_TOP] = top
+    s.si[P99_ON] = p99
     s.sf[UNTIL] = np.inf

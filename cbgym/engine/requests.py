@@ -41,6 +41,7 @@ class RequestTable:
         self.first_scheduled_s = times[L.FIRST_SCHEDULED]
         self.first_token_s, self.finish_s = times[L.FIRST_TOKEN], times[L.FINISH]
         self.itl_max_s = times[L.ITL_MAX]
+        self.itl_p99_s = times[L.ITL_P99]
         self.finish_order = s.ids[L.FINISH_ORDER]
         self.tenant, self.slo_class = tenant, slo_class
         self.reasons = reasons

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from cbgym.engine.execute import finished, record
+from cbgym.engine import gaps
+from cbgym.engine.execute import add_gap, finished, record
 from cbgym.engine.jit import no_alloc_kernel
 from cbgym.engine.layout import (
     ARRIVAL,
@@ -29,6 +30,8 @@ from cbgym.engine.layout import (
     COST_KIND,
     EVERY_ITERATION,
     FREE,
+    GAP_MIN,
+    GAP_TOP,
     GENERATED,
     HELD,
     HOST_TOKENS,
@@ -36,7 +39,6 @@ from cbgym.engine.layout import (
     INBOX,
     INBOX_N,
     ITERATION,
-    ITL_MAX,
     KEYED,
     LAST_DT,
     LAST_TOKEN,
@@ -159,7 +161,10 @@ def decode_stretch(s: State, p: Params) -> bool:
     # The iterations between two arrivals have equal gauges: one time-series row (a
     # segment) each, written when the segment ends rather than once per iteration.
     seg_begin, seg_steps = t, np.int64(0)
-    dt = dt_max = 0.0
+    dt = 0.0
+    # the gaps of the steps after the first (the same for every running request; each one's
+    # first gap depends on its last token): the largest ones, for the requests' p99s
+    buf, top, sn = s.gaps, si[GAP_TOP], np.int64(0)
     until = sf[UNTIL]
     next_at = arrival[inbox[nxt]] if nxt < si[INBOX_N] else np.inf
     while steps < k:
@@ -190,8 +195,9 @@ def decode_stretch(s: State, p: Params) -> bool:
         before = t
         t += dt
         free -= need
+        if steps > 0:  # (the gap as plain iteration measures it)
+            sn = gaps.push(buf, 0, sn, top, t - before)
         steps += 1
-        dt_max = max(dt_max, t - before)  # the gap as plain iteration measures it
         seg_steps += 1
     end_segment(s, p, free, t, seg_begin, seg_steps, dt)
     si[ITERATION] += steps
@@ -200,18 +206,28 @@ def decode_stretch(s: State, p: Params) -> bool:
     held = s.req[HELD]
     last = steps == k  # somebody finishes (or reaches max_model_len) at the last step
     m = 0  # the running queue, compacted in place as requests finish
-    last_token, itl_max = s.times[LAST_TOKEN], s.times[ITL_MAX]
+    last_token, gap_min = s.times[LAST_TOKEN], s.times[GAP_MIN]
     # the first step's end, as the loop summed it (a request whose last token came before
     # the stretch began, after an idle tick, has a longer first gap)
     first_end = begin + price(ci[COST_KIND], p.cost, n, np.int64(0), n, n, ctx, n, ctx + n,
                               np.int64(0))
+    gaps.sort_desc(buf, 0, sn)
+    top_gap = buf[0] if sn > 0 else -np.inf
     for i in range(n):
         rid = running[i]
         computed[rid] += steps
         generated[rid] += steps
         tokens[rid] += steps
-        # its gaps: from its last token to the first step's end, then each step
-        itl_max[rid] = max(itl_max[rid], first_end - last_token[rid], dt_max)
+        # its gaps: from its last token to the first step's end, then each step's (largest
+        # first, while they can enter its heap; usually none can: one cache line)
+        first = first_end - last_token[rid]
+        if max(first, top_gap) > gap_min[rid]:
+            if first > gap_min[rid]:
+                add_gap(s, rid, first)
+            for j in range(sn):
+                if buf[j] <= gap_min[rid]:
+                    break
+                add_gap(s, rid, buf[j])
         last_token[rid] = t
         if not ci[PAPER]:  # a decoding request holds exactly the blocks its tokens need
             held[rid] = -(-computed[rid] // bs)

@@ -46,7 +46,8 @@ class Episode:
         cfg = env.config
         self.weights = env.weights
         self.size = env.layout.size  # scores per action
-        self.engine = eng = Engine(window, cfg, consult=consult)
+        # (an env's reward needs no p99 gap: the engine keeps only each request's worst)
+        self.engine = eng = Engine(window, cfg, consult=consult, itl_p99=False)
         assert cfg.num_kv_blocks is not None
         self.es = ko.new_env_state(
             env.K, env.R, env.window_rule == "smallest_prompt", env.hold_threshold,

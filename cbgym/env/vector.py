@@ -38,6 +38,7 @@ from gymnasium.utils import seeding
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
+from cbgym.engine import gaps
 from cbgym.engine import layout as L
 from cbgym.engine.engine import compile_params, host_swap_tokens
 from cbgym.engine.jit import bind
@@ -53,10 +54,19 @@ from cbgym.env.scheduling_env import (
 from cbgym.env.vector_windows import WindowDraws
 from cbgym.metrics import slo_arrays
 
-__all__ = ["SchedulingMaskedVectorEnv", "SchedulingVectorEnv"]
+__all__ = ["SchedulingMaskedVectorEnv", "SchedulingVectorEnv", "use_threads"]
 
 _THREADS = threading.local()  # the count this module last gave numba in this thread
 REC_ROWS = 256  # time-series rows per env before the buffer is emptied in place
+
+
+def use_threads(n: int) -> None:
+    """numba's thread count for this thread's next parallel call (set only when another
+    vector env changed it: numba.get_num_threads costs a microsecond). Every native vector
+    env sets it here, so they agree on what numba was last told."""
+    if getattr(_THREADS, "n", 0) != n:
+        numba.set_num_threads(n)
+        _THREADS.n = n
 
 
 class SchedulingVectorEnv(VectorEnv):
@@ -147,7 +157,8 @@ class SchedulingVectorEnv(VectorEnv):
             np.zeros((N, L.NUM_ID_ROWS, n), np.int64),
             np.zeros((N, L.NUM_SI), np.int64), np.zeros((N, L.NUM_SF)),
             np.zeros((N, REC_ROWS, len(L.REC_COLUMNS))), np.zeros((N, 1, 3), np.int64),
-            np.zeros((N, 1, 2), np.int64), np.zeros((N, cfg.block_size), np.int64))
+            np.zeros((N, 1, 2), np.int64), np.zeros((N, cfg.block_size), np.int64),
+            np.zeros((N, gaps.window_slots(base_trace.output_tokens, n))))
         settings = ko.env_settings(proto.K, proto.R, proto.window_rule == "smallest_prompt",
                                    proto.hold_threshold, proto.shed_threshold,
                                    cfg.max_num_batched_tokens, cfg.max_num_seqs,
@@ -273,11 +284,7 @@ class SchedulingVectorEnv(VectorEnv):
         return self._observation(), reward, terminated, truncated, infos
 
     def _threads(self) -> None:
-        """numba's thread count for this thread's next parallel call (set only when another
-        vector env changed it: numba.get_num_threads costs a microsecond)."""
-        if getattr(_THREADS, "n", 0) != self.num_threads:
-            numba.set_num_threads(self.num_threads)
-            _THREADS.n = self.num_threads
+        use_threads(self.num_threads)
 
     def _actions(self, actions: Any) -> None:
         """Copy the actions into the kernel's buffer: (N, layout size) scores (their ranges are

@@ -103,7 +103,7 @@ def obs_slices(K: int, R: int) -> dict[str, slice]:
 def engine_at(S: State, i: int) -> State:
     """Env i's engine state (views into the batched arrays)."""
     return State(S.req[i], S.times[i], S.ids[i], S.si[i], S.sf[i], S.rec[i], S.blog[i],
-                 S.plog[i], S.slots[i])
+                 S.plog[i], S.slots[i], S.gaps[i])
 
 
 @kernel
@@ -186,7 +186,7 @@ def start_episode(s: State, p: Params, e: EnvState, v: np.ndarray, base: Base, s
         scratch[j] = (x - a0) * factor if not np.isnan(load) else x
     arrival = scratch[:n]
     fill_state(s, arrival, base.prompt[start:start + n], base.output[start:start + n],
-               p.ci[L.NUM_BLOCKS], host_free)
+               p.ci[L.NUM_BLOCKS], host_free, False)  # (no p99 gaps: SchedulingEnv's)
     ko.fill_env_state(e, arrival, base.ttft[start:start + n], base.tpot[start:start + n],
                       base.template[start:start + n])
     code = settle(s, p, advance(s, p))
