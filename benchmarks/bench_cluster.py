@@ -11,10 +11,11 @@ instances) under FCFS on every instance:
 
 Figures: wall seconds, engine iterations per second, and the ratio to the reference. Then the
 cluster env ``cbgym/Cluster-v0`` (the task ``code-2p2d-deflection``: 2P2D DeepSeek-V2-Lite,
-512-request episodes): steps/s single with uniformly random allowed routes, and batched
-(``gym.make_vec``, sync, 4 envs, every env routing with action 0; there is no native vector
-env for the cluster yet), beside CartPole-v1's single-env steps/s as the reference of a step
-that costs nothing.
+512-request episodes), every env routing uniformly at random among its allowed routes
+(drawn ahead), over at least two episodes per env (their starts count): steps/s of the
+single env, of 4 copies under ``gym.make_vec(..., vectorization_mode="sync")``, and of the
+native vector env (``gym.make_vec``: one compiled call per step) with 4 and 16 envs, beside
+CartPole-v1's single-env steps/s as the reference of a step that costs nothing.
 
     python benchmarks/bench_cluster.py [--trace NAME] [--preset MODEL/GPU] [--load 0.8]
 """
@@ -72,28 +73,35 @@ def main() -> None:
     env_speed()
 
 
-def env_speed(steps: int = 3000) -> None:
+def env_speed(steps: int = 6000) -> None:
     import gymnasium as gym
     import numpy as np
 
-    rng = np.random.default_rng(0)
     env = gym.make("cbgym/Cluster-v0")
-    _, info = env.reset(seed=0)
-    t, n = time.perf_counter(), 0
-    while n < steps:
-        a = int(rng.choice(np.flatnonzero(info["action_mask"])))
-        _, _, done, _, info = env.step(a)
-        n += 1
-        if done:
-            _, info = env.reset(seed=n)
-    single = n / (time.perf_counter() - t)
-    envs = gym.make_vec("cbgym/Cluster-v0", num_envs=4, vectorization_mode="sync")
-    envs.reset(seed=0)
-    t, n = time.perf_counter(), 0
-    while n < steps:
-        _, _, _, _, info = envs.step(np.zeros(4, np.int64))  # (every route is allowed)
-        n += 4
-    batched = n / (time.perf_counter() - t)
+    allowed = np.flatnonzero(env.unwrapped.action_masks())
+    rng = np.random.default_rng(0)
+
+    episode = env.unwrapped.n
+
+    def run(envs: gym.Env | gym.vector.VectorEnv, num: int) -> float:
+        """Steps/s over ``steps`` env steps and at least two whole episodes per env (their
+        starts count), after a warm-up; random allowed routes."""
+        envs.reset(seed=0)
+        picks = rng.choice(allowed, (max(steps // num, 2 * episode) + 50, num))
+        if num == 1:
+            picks = picks[:, 0].tolist()
+        t = time.perf_counter()
+        for k, a in enumerate(picks):
+            if k == 50:
+                t = time.perf_counter()
+            out = envs.step(a)
+            if num == 1 and (out[2] or out[3]):
+                envs.reset()
+        return (len(picks) - 50) * num / (time.perf_counter() - t)
+
+    single = run(env, 1)
+    sync = run(gym.make_vec("cbgym/Cluster-v0", num_envs=4, vectorization_mode="sync"), 4)
+    native = {n: run(gym.make_vec("cbgym/Cluster-v0", num_envs=n), n) for n in (4, 16)}
     cart = gym.make("CartPole-v1")
     cart.reset(seed=0)
     t = time.perf_counter()
@@ -102,9 +110,9 @@ def env_speed(steps: int = 3000) -> None:
         if done or trunc:
             cart.reset()
     ref = steps / (time.perf_counter() - t)
-    print(f"cbgym/Cluster-v0 random routes: {single:.0f} steps/s single, {batched:.0f} "
-          f"steps/s batched (4 envs, sync); CartPole-v1: {ref:.0f} steps/s")
-
+    print(f"cbgym/Cluster-v0, random allowed routes (steps/s): {single:.0f} single, {sync:.0f} "
+          f"sync (4 envs), {native[4]:.0f} native (4 envs), {native[16]:.0f} native (16 envs); "
+          f"CartPole-v1: {ref:.0f} single")
 
 if __name__ == "__main__":
     main()

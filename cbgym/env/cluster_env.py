@@ -15,27 +15,20 @@ from gymnasium import spaces
 
 from cbgym.cluster.cluster import Cluster, local_policies
 from cbgym.cluster.config import ClusterConfig
-from cbgym.cluster.routing import ROLE_CODES, Route, RoutingPoint
+from cbgym.cluster.routing import Route, RoutingPoint
 from cbgym.cluster.run import cluster_capacity, resolve_cluster
+from cbgym.cluster.tables import loads_array
 from cbgym.env.action import InvalidActionError
-from cbgym.env.observation import count_scale, time_scale
+from cbgym.env.cluster_vector_ops import INSTANCE_FEATURES, REQUEST_FEATURES, encode_into
 from cbgym.metrics import SLO, slo_arrays, tbt_targets
 from cbgym.workload.trace import Trace
 
-# per-instance features (rows of obs["instances"]), scaled as the single env scales them
-INSTANCE_FEATURES = (
-    ("unified", "flag"), ("prefill", "flag"), ("decode", "flag"),
-    ("num_waiting", "count"), ("waiting_prefill_tokens", "count"), ("num_running", "count"),
-    ("decode_batch", "count"), ("decode_context_tokens", "count"),
-    ("running_prefill_tokens", "count"), ("kv_usage", "fraction"), ("free_blocks", "count"),
-    ("transfers_in", "count"), ("transfers_out", "count"), ("incoming", "count"),
-    ("kv_held_for_transfer", "count"), ("local_prefills", "count"),
-    ("last_iteration_s", "time"))
+# (INSTANCE_FEATURES and REQUEST_FEATURES, the observation's features, live beside the
+# compiled encoder that reads them: cluster_vector_ops)
+
 # chunk caps of the deflection routes (0: the decode instance's token budget), Kairos's
 # candidates below the usual 2,048-token budget
 DEFLECT_CAPS = (0, 1024, 512, 256, 128)
-REQUEST_FEATURES = (("prompt_tokens", "count"), ("ttft_target_s", "time"),
-                    ("tpot_target_s", "time"), ("report_age_s", "time"))
 
 
 def route_table(config: ClusterConfig, allow_shed: bool = True) -> list[Route]:
@@ -73,22 +66,17 @@ def route_index(routes: list[Route], route: Route, rp: RoutingPoint) -> int:
 
 
 def encode(rp: RoutingPoint) -> dict[str, np.ndarray]:
-    """The env's observation of a routing point (class docstring): the one encoder of
-    ``cbgym/Cluster-v0`` and of learned routers."""
+    """The env's observation of a routing point (class docstring), for ``ClusterEnv`` and
+    learned routers: the compiled encoder the native vector env runs in its kernel
+    (:func:`cbgym.env.cluster_vector_ops.encode_into`), so there is one encoder."""
     loads = rp.loads
     assert loads is not None, "the cluster env's router reads loads"
-    cols = []
-    for name, kind in INSTANCE_FEATURES:
-        if kind == "flag":
-            cols.append((rp.role == ROLE_CODES[name]).astype(np.float64))
-            continue
-        x = np.asarray(getattr(loads, name), np.float64)
-        cols.append(count_scale(x) if kind == "count" else time_scale(x)
-                    if kind == "time" else x)
-    req = np.array([count_scale(rp.prompt_tokens), time_scale(rp.ttft_target_s),
-                    time_scale(rp.tpot_target_s), time_scale(max(rp.now - loads.report_s, 0.0))])
-    return {"request": req.astype(np.float32),
-            "instances": np.clip(np.stack(cols, axis=1), 0, 1).astype(np.float32)}
+    req = np.empty(len(REQUEST_FEATURES), np.float32)
+    inst = np.empty((len(rp.role), len(INSTANCE_FEATURES)), np.float32)
+    encode_into(loads_array(loads), float(loads.report_s),
+                np.ascontiguousarray(rp.role, np.int64), int(rp.prompt_tokens),
+                float(rp.ttft_target_s), float(rp.tpot_target_s), float(rp.now), req, inst)
+    return {"request": req, "instances": inst}
 
 
 class ClusterEnv(gym.Env[dict[str, np.ndarray], int]):
@@ -150,8 +138,9 @@ instance with chunked prefill); a masked or malformed action raises
 
     * v0: first version. ``gym.make("cbgym/Cluster-v0")`` builds the default cluster task
       (``cbgym.tasks.cluster_tasks``); ``ClusterEnv()`` itself defaults to the embedded
-      synthetic code workload. A Python loop between kernel calls: no native vector env
-      yet (``gym.make_vec`` wraps copies of it).
+      synthetic code workload. A Python loop between kernel calls; ``gym.make_vec`` builds
+      the native vector env (:class:`~cbgym.env.cluster_vector.ClusterVectorEnv`: one
+      compiled call steps every env, each bit for bit this env seeded s + i).
     """
 
     metadata = {"render_modes": []}
@@ -221,22 +210,8 @@ instance with chunked prefill); a masked or malformed action raises
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None
               ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         super().reset(seed=seed)
-        from cbgym.capacity import scale_to_load
-        from cbgym.cluster.sweep import reference_router
-
-        rng = self.np_random
-        if self._mu is None:  # once: capacity by saturation on the trace's first requests
-            self._mu = cluster_capacity(self.trace, self.config, reference_router(self.config))
-        opts = options or {}
-        lo, hi = self.window_range
-        start = int(opts["start"]) if "start" in opts else int(
-            rng.integers(lo, max(hi - self.n, lo) + 1))
-        load = float(opts["load"]) if "load" in opts else float(rng.uniform(*self.load_range))
-        window = scale_to_load(self.trace.window(start, self.n), load, self.config.engines[0],
-                               capacity_rps=self._mu)
-        self.cluster = Cluster(window, self.config, None,
-                               local_policies(self.policy, self.config.num_instances),
-                               slo=self.slo, seed=int(rng.integers(2**31)), eager=False)
+        self.cluster, start, load = self.new_episode(self.np_random, options or {})
+        window = self.cluster.trace
         ttft, tpot = slo_arrays(self.slo, window.slo_class)
         self._targets = (ttft, tpot, tbt_targets(self.slo, window.slo_class))
         self._good = 0
@@ -268,6 +243,36 @@ instance with chunked prefill); a masked or malformed action raises
     def action_masks(self) -> np.ndarray:
         return self._mask.copy()
 
+    # ------------------------------------------------------------------ episodes
+    def capacity(self) -> float:
+        """The capacity loads are relative to (requests/s): ``capacity_rps``, or measured
+        once by saturation on the trace's first requests under the reference router."""
+        from cbgym.cluster.sweep import reference_router
+
+        if self._mu is None:
+            self._mu = cluster_capacity(self.trace, self.config, reference_router(self.config))
+        return self._mu
+
+    def new_episode(self, rng: np.random.Generator, options: dict[str, Any]
+                    ) -> tuple[Cluster, int, float]:
+        """A fresh cluster for an episode and its window start and load, drawn from ``rng``
+        in this order (unless ``options`` fixes them): the start, the load, the cluster's
+        seed. (The native vector env starts its envs' episodes here.)"""
+        from cbgym.capacity import scale_to_load
+
+        mu = self.capacity()
+        lo, hi = self.window_range
+        start = int(options["start"]) if "start" in options else int(
+            rng.integers(lo, max(hi - self.n, lo) + 1))
+        load = float(options["load"]) if "load" in options else float(
+            rng.uniform(*self.load_range))
+        window = scale_to_load(self.trace.window(start, self.n), load, self.config.engines[0],
+                               capacity_rps=mu)
+        cluster = Cluster(window, self.config, None,
+                          local_policies(self.policy, self.config.num_instances),
+                          slo=self.slo, seed=int(rng.integers(2**31)), eager=False)
+        return cluster, start, load
+
     # ------------------------------------------------------------------ encoding
     def _obs(self, rp: RoutingPoint) -> dict[str, np.ndarray]:
         self._last_obs = encode(rp)
@@ -291,7 +296,7 @@ instance with chunked prefill); a masked or malformed action raises
 
 def register_cluster_env() -> None:
     """Register ``cbgym/Cluster-v0`` (the default cluster task) and ``cbgym/Cluster-<task>-v0``
-    for every cluster task (idempotent)."""
+    for every cluster task (idempotent); ``gym.make_vec`` builds their native vector env."""
     from cbgym.tasks.cluster_tasks import CLUSTER_TASKS, DEFAULT_CLUSTER_TASK
 
     ids = [("cbgym/Cluster-v0", DEFAULT_CLUSTER_TASK)]
@@ -299,4 +304,6 @@ def register_cluster_env() -> None:
     for env_id, name in ids:
         if env_id not in gym.registry:
             gym.register(id=env_id, entry_point="cbgym.tasks.cluster_tasks:make_cluster_env",
+                         vector_entry_point="cbgym.tasks.cluster_tasks:"
+                                            "make_cluster_vector_env",
                          kwargs={"task": name})

@@ -90,19 +90,37 @@ def get_cluster_task(name: str) -> ClusterTask:
     return CLUSTER_TASKS[name]
 
 
+def _task_env_kwargs(task: str, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The task's ``ClusterEnv`` arguments on its training windows, ``kwargs`` replacing
+    them (another trace drops the task's window range)."""
+    from cbgym.workload import load_trace
+
+    t = get_cluster_task(task)
+    base = t.env_kwargs(len(load_trace(t.trace)))
+    if "trace" in kwargs and kwargs["trace"] != t.trace:
+        base.pop("window_start_range")
+    return {**base, **kwargs}
+
+
 def make_cluster_env(task: str = DEFAULT_CLUSTER_TASK, **kwargs: Any) -> Any:
     """The task's ``ClusterEnv`` on its training windows (``gym.make`` entry point);
     ``kwargs`` replace the task's."""
     from cbgym.env.cluster_env import ClusterEnv
-    from cbgym.workload import load_trace
 
-    t = get_cluster_task(task)
-    if "trace" in kwargs and kwargs["trace"] != t.trace:
-        base = t.env_kwargs(len(load_trace(t.trace)))
-        base.pop("window_start_range")
-    else:
-        base = t.env_kwargs(len(load_trace(t.trace)))
-    return ClusterEnv(**{**base, **kwargs})
+    return ClusterEnv(**_task_env_kwargs(task, kwargs))
+
+
+def make_cluster_vector_env(num_envs: int = 1, task: str = DEFAULT_CLUSTER_TASK,
+                            **kwargs: Any) -> Any:
+    """The task's native vector env (``gym.make_vec`` entry point): ``num_envs`` of
+    :func:`make_cluster_env`'s env stepped by one compiled call; ``autoreset_mode``,
+    ``num_threads`` and ``copy`` go to :class:`~cbgym.env.cluster_vector.ClusterVectorEnv`,
+    the other ``kwargs`` replace the task's."""
+    from cbgym.env.cluster_vector import ClusterVectorEnv
+
+    vector = {k: kwargs.pop(k) for k in ("autoreset_mode", "num_threads", "copy",
+                                          "max_episode_steps") if k in kwargs}
+    return ClusterVectorEnv(num_envs=num_envs, **vector, **_task_env_kwargs(task, kwargs))
 
 
 class ClusterEvaluation(Evaluation):
