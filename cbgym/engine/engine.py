@@ -43,7 +43,7 @@ def _ids(x: object) -> np.ndarray:
 
 
 def compile_params(config: EngineConfig, consult: str, keyed: bool, record: bool,
-                   stretches: bool = True) -> L.Params:
+                   stretches: bool = True, victim_by_key: bool = False) -> L.Params:
     """The kernel's static parameters for ``config``."""
     assert config.block_size is not None and config.num_kv_blocks is not None
     kind, coef = cost_params(config.cost_model)
@@ -63,6 +63,7 @@ def compile_params(config: EngineConfig, consult: str, keyed: bool, record: bool
     ci[L.RECORD] = record
     ci[L.COST_KIND] = kind
     ci[L.STRETCH] = stretches
+    ci[L.VICTIM_BY_KEY] = victim_by_key
     return L.Params(ci, coef)
 
 
@@ -96,19 +97,25 @@ class Engine:
         itl_p99: keep what each request's p99 gap between tokens needs (``itl_p99_s``; a
             run 25-35% slower on a real trace); else its worst gap only (``itl_p99_s`` NaN,
             as always in the study's engine mode). The envs keep it off.
+        victim_by_key: when blocks run out, preempt the running request with the largest of
+            ``keys`` (the first of equals, in running order) instead of the last admitted:
+            vLLM's priority policy (:class:`cbgym.agents.Priority`).
     """
 
     def __init__(self, trace: Trace, config: EngineConfig, consult: str = "on_change",
                  record_iterations: bool = False, keys: np.ndarray | None = None,
                  decode_stretches: bool = True, routed: bool = False,
-                 state: L.State | None = None, itl_p99: bool = True) -> None:
+                 state: L.State | None = None, itl_p99: bool = True,
+                 victim_by_key: bool = False) -> None:
         if consult not in CONSULT_MODES:
             raise ValueError(f"Engine consult={consult!r}: expected one of {CONSULT_MODES}")
         assert config.num_kv_blocks is not None and config.block_size is not None
         self.config = config
         self.consult = consult
+        if victim_by_key and keys is None:
+            raise ValueError("Engine victim_by_key=True needs keys= (the static keys it reads)")
         self.params = compile_params(config, consult, keys is not None, record_iterations,
-                                     decode_stretches)
+                                     decode_stretches, victim_by_key)
         self.state = s = L.new_state(trace.arrival_s, trace.prompt_tokens, trace.output_tokens,
                                      config.num_kv_blocks, host_swap_tokens(config),
                                      config.max_num_seqs, config.block_size, routed, state,

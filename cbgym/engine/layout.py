@@ -28,8 +28,10 @@ def _codes(n: int) -> tuple[np.int64, ...]:
 
 # ---------------------------------------------------------------- ci: static settings (int64)
 (PAPER, BUDGET, MAX_SEQS, BLOCK_SIZE, NUM_BLOCKS, CHUNKED, MAX_MODEL_LEN, SWAP, KV_BYTES,
- CONSULT, KEYED, RECORD, COST_KIND, STRETCH) = _codes(14)
-NUM_CI = 14
+ CONSULT, KEYED, RECORD, COST_KIND, STRETCH, VICTIM_BY_KEY) = _codes(15)
+NUM_CI = 15
+# VICTIM_BY_KEY: the default victim is the running request with the largest static key (the
+# first of equals, in running order), as vLLM's priority policy, instead of the last admitted
 # when the engine stops to ask for a decision (cbgym.engine.Policy.consult)
 CONSULT_MODES = ("never", "on_change", "on_completion", "every_iteration", "always")
 NEVER, ON_CHANGE, ON_COMPLETION, EVERY_ITERATION, ALWAYS = _codes(5)

@@ -62,6 +62,7 @@ from cbgym.engine.layout import (
     TOKENS,
     VICT_HAS,
     VICT_N,
+    VICTIM_BY_KEY,
     WAIT_Q,
     WAITING,
     Params,
@@ -130,11 +131,23 @@ def running_plan(s: State, p: Params) -> None:
 
 
 @no_alloc_kernel
+def largest_key(ids: np.ndarray, n: int, key: np.ndarray) -> int:
+    """The first of ``ids[:n]`` with the largest key (Python's ``max``: vLLM's priority
+    victim, ``max(running, key=(priority, arrival))``)."""
+    best = ids[0]
+    for i in range(1, n):
+        if key[ids[i]] > key[best]:
+            best = ids[i]
+    return best
+
+
+@no_alloc_kernel
 def schedule_running_slow(s: State, p: Params, budget: int) -> tuple[int, int, bool]:
     """vLLM's running loop one request at a time, preempting when blocks run out.
 
     Victims are the standing decision's, in its order (those still running), then vLLM's
-    default: the most recently admitted. Returns (batch size, budget left, preempted?).
+    default: the most recently admitted (with ``VICTIM_BY_KEY``, the largest static key).
+    Returns (batch size, budget left, preempted?).
     """
     si, bs = s.si, p.ci[BLOCK_SIZE]
     running, victims = s.ids[RUN_Q], s.ids[STAND_VICTIMS]
@@ -153,6 +166,8 @@ def schedule_running_slow(s: State, p: Params, budget: int) -> tuple[int, int, b
         scheduled = True
         while not grow_to(s, bs, rid, computed[rid] + tok):
             victim = running[si[N_RUN] - 1]  # vLLM's default
+            if p.ci[VICTIM_BY_KEY]:
+                victim = largest_key(running, si[N_RUN], s.times[KEY])
             while si[VICT_HAS] and vi < si[VICT_N]:
                 vi += 1
                 if status[victims[vi - 1]] == RUNNING:

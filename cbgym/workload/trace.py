@@ -224,6 +224,14 @@ class Trace:
         )
 
     @property
+    def priority(self) -> np.ndarray:
+        """Each request's priority, lower first (vLLM's ``Request.priority``): the
+        ``priority`` column (``extra``) where the trace has one, else its SLO class."""
+        if "priority" in self.extra:
+            return np.asarray(self.extra["priority"], np.int64)
+        return self.slo_class.astype(np.int64)
+
+    @property
     def duration_s(self) -> float:
         """Time from the first to the last arrival."""
         return float(self.arrival_s[-1] - self.arrival_s[0]) if len(self) else 0.0
