@@ -172,7 +172,10 @@ def test_a_learned_router_acts_as_on_the_env() -> None:
 
     played = cluster_result(cluster, {}).requests
     pd = pytest.importorskip("pandas")
-    pd.testing.assert_frame_equal(res, played, check_exact=True)
+    # (the env keeps only each request's worst gap: no p99 gap there)
+    assert played["itl_p99_s"].isna().all()
+    pd.testing.assert_frame_equal(res.drop(columns="itl_p99_s"),
+                                  played.drop(columns="itl_p99_s"), check_exact=True)
 
 
 def test_a_sampling_learned_router_reproduces_with_its_seed() -> None:

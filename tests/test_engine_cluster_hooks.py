@@ -141,3 +141,10 @@ def test_itl_p99_is_numpys_percentile_of_the_gaps(seed: int, long: bool) -> None
         assert plain["itl_p99_s"].iloc[rid] == want, (rid, len(g))
         assert stepped["itl_p99_s"].iloc[rid] == want
         assert plain["itl_max_s"].iloc[rid] == (max(g) if g else 0.0)
+
+
+def test_an_output_too_long_for_its_p99_slots_is_a_clear_error() -> None:
+    tr = Trace.from_arrays(np.array([0.0]), np.array([10]), np.array([14_000_000]), name="t")
+    with pytest.raises(ValueError, match="request 0: 14000000 output tokens.*itl_p99=False"):
+        Engine(tr, ENGINE)
+    Engine(tr, ENGINE, itl_p99=False)  # only the worst gap: fine

@@ -92,12 +92,14 @@ class Cluster:
             it cannot change anything: loads reported at an interval (or not read) and
             every local policy decided in the kernel. False: the door opens at each
             arrival's time (the cluster env, whose reward is counted there).
+        itl_p99: keep each request's p99 gap between tokens (``Engine``'s); the envs,
+            whose reward reads only the worst gap, turn it off.
     """
 
     def __init__(self, trace: Trace, config: ClusterConfig, router: Router | None,
                  policies: list[Policy], slo: SLOSpec | None = None, seed: int = 0,
                  record_iterations: bool = False, lock_step: bool = False,
-                 audit: bool = False, eager: bool = True) -> None:
+                 audit: bool = False, eager: bool = True, itl_p99: bool = True) -> None:
         n, N = len(trace), config.num_instances
         if len(policies) != N:
             raise ValueError(f"Cluster: {len(policies)} local policies for {N} instances")
@@ -118,7 +120,7 @@ class Cluster:
             self.engines.append(Engine(trace, cfg, consult=pol.consult,
                                        record_iterations=record_iterations, keys=keys,
                                        victim_by_key=pol.victim_by_key and keys is not None,
-                                       routed=True, state=K.view(self.S, i)))
+                                       routed=True, state=K.view(self.S, i), itl_p99=itl_p99))
         # one numbering of shed reasons for the whole cluster: an instance ends a request
         # with the code its peer shed it with
         reasons = self.engines[0]._reasons

@@ -22,16 +22,16 @@ Q99 = 0.99  # np.percentile(x, 99) reads quantile 99 / 100
 @no_alloc_kernel
 def keep(output: int) -> int:
     """Heap slots for a request of ``output`` tokens (at most output - 1 gaps): the gaps
-    above the p99's lower order statistic, at least one (at most MASK: 400k tokens)."""
+    above the p99's lower order statistic, at least one."""
     g = output - 1
     if g < 1:
         return 1
-    return min(g - int(np.floor((g - 1) * Q99)), MASK)
+    return g - int(np.floor((g - 1) * Q99))
 
 
 def _keeps(output: np.ndarray) -> np.ndarray:
     g = np.maximum(np.asarray(output, np.int64) - 1, 1)
-    return np.minimum(g - np.floor((g - 1) * Q99).astype(np.int64), MASK)
+    return g - np.floor((g - 1) * Q99).astype(np.int64)
 
 
 def slots(output: np.ndarray) -> int:
@@ -82,8 +82,10 @@ def push(buf: np.ndarray, off: int, n: int, cap: int, x: float) -> int:
 
 
 # A request's heap in one int64 (one cache line a gap): offset << 24 | capacity << 12 | fill
-CAP_BITS = 12
+# (17 bits: outputs up to 13M tokens; offsets below 2**29; fill_state checks both)
+CAP_BITS = 17
 MASK = (1 << CAP_BITS) - 1
+MAX_OFFSET = 1 << (63 - 2 * CAP_BITS)
 
 
 @no_alloc_kernel

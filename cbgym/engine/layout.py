@@ -171,6 +171,10 @@ def new_state(arrival_s: np.ndarray, prompt: np.ndarray, output: np.ndarray,
     (``itl_p99_s``); else only its worst gap, cheaper (the study's engine mode)."""
     n = len(arrival_s)
     log_rows = max(LOG_ROWS, 4 * max_seqs)
+    if p99 and n and gaps.keep(int(np.max(output))) > gaps.MASK:
+        j = int(np.argmax(output))
+        raise ValueError(f"request {j}: {int(output[j])} output tokens, more than its p99 gap "
+                         "slots hold (13M); pass itl_p99=False")
     if out is not None:
         if (out.req.shape != (NUM_REQ_ROWS, n) or len(out.blog) < log_rows
                 or len(out.slots) < block_size or len(out.gaps) < gaps.slots(output)):
@@ -224,10 +228,14 @@ def fill_state(s: State, arrival_s: np.ndarray, prompt: np.ndarray, output: np.n
     for j in range(n):
         top = max(top, gaps.keep(output[j]) if p99 else 1)
     off = top  # (the first ``top`` slots: a decode stretch's scratch)
+    if top > gaps.MASK:
+        raise ValueError("fill_state: an output too long for its p99 gap slots (13M tokens)")
     for j in range(n):
         k = gaps.keep(output[j]) if p99 else 1
         req[GAP, j] = gaps.pack(off, k, 0)
         off += k
+    if off >= gaps.MAX_OFFSET:
+        raise ValueError("fill_state: too many p99 gap slots for one run (2**29)")
     if off > len(s.gaps):
         raise ValueError("fill_state: State.gaps is shorter than gaps.slots(output)")
     for k in range(len(s.si)):

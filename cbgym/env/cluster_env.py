@@ -270,7 +270,8 @@ instance with chunked prefill); a masked or malformed action raises
                                capacity_rps=mu)
         cluster = Cluster(window, self.config, None,
                           local_policies(self.policy, self.config.num_instances),
-                          slo=self.slo, seed=int(rng.integers(2**31)), eager=False)
+                          slo=self.slo, seed=int(rng.integers(2**31)), eager=False,
+                          itl_p99=False)  # (its reward reads only the worst gap)
         return cluster, start, load
 
     # ------------------------------------------------------------------ encoding
