@@ -25,8 +25,10 @@ AGING_WEIGHT = "0.5"
 # Not exact on the env by design (see cbgym.env.agents): fresh random draws / preemptive.
 # learned: test_train.py
 # (priority: its victims are the largest (priority, arrival), which the env's EnvAgent, made
-# for key policies with vLLM's default victims, does not play)
-FAST_PATH_ONLY = {"random", "oracle-srpt", "slo-edf", "cb-sjf-work-shed", "learned", "priority"}
+# for key policies with vLLM's default victims, does not play; vtc: its order depends on the
+# service each tenant has received, no key of a request's own)
+FAST_PATH_ONLY = {"random", "oracle-srpt", "slo-edf", "cb-sjf-work-shed", "learned", "priority",
+                  "vtc"}
 
 
 def spec(name: str) -> str:

@@ -16,6 +16,7 @@ noisy-oracle-work:ACC  oracle-work on the same believed lengths                 
 <key policy>-aging:W   the key in seconds of work minus W x seconds waited         as base
 slo-edf                earliest TTFT deadline; sheds requests that cannot meet it  no
 priority               (priority, arrival), evicting the largest: vLLM's policy     no
+vtc                    the tenant with the least service so far (VTC, OSDI'24)     no
 cb-sjf-work-shed[:CAP] cb-sjf-work; sheds as slo-edf; at most CAP running          no
 learned[:NAME|PATH]    a trained SB3 model (default: the shipped checkpoint)       no
 =====================  ==========================================================  ==========
@@ -46,13 +47,14 @@ from cbgym.agents.priority import Priority
 from cbgym.agents.random_order import RandomOrder
 from cbgym.agents.sjf_ctx import SJFCtx
 from cbgym.agents.slo_edf import CBSJFWorkShed, SLOEarliestDeadline
+from cbgym.agents.vtc import VTC
 from cbgym.engine.decision import Policy
 
 POLICIES: dict[str, type[Policy]] = {
     cls.name: cls
     for cls in (FCFS, SJFCtx, CBSJFWork, LJFWork, RandomOrder, OracleSJF, OracleWork,
                 OracleSRPT, NoisyOracle, NoisyOracleWork, *AGING_POLICIES, SLOEarliestDeadline,
-                CBSJFWorkShed, Priority, LearnedPolicy)
+                CBSJFWorkShed, Priority, VTC, LearnedPolicy)
 }
 
 
@@ -78,7 +80,8 @@ def make_policy(spec: str) -> Policy:
 
 __all__ = [
     "POLICIES", "make_policy", "with_aging", "KeyPolicy", "QueueView", "FCFS", "SJFCtx",
-    "CBSJFWork", "CBSJFWorkShed", "LJFWork", "Priority", "RandomOrder", "SLOEarliestDeadline",
+    "CBSJFWork", "CBSJFWorkShed", "LJFWork", "Priority", "VTC", "RandomOrder",
+    "SLOEarliestDeadline",
     "OracleSJF",
     "OracleWork",
     "OracleSRPT",

@@ -1,0 +1,117 @@
+"""VTC, the Virtual Token Counter (Sheng et al., "Fairness in Serving Large Language Models",
+OSDI'24): fair service between tenants by counting the tokens each has received.
+
+| rule | what VTC does |
+|---|---|
+| counter | one per tenant: ``w_in / weight`` per prompt token admitted, ``w_out / weight`` |
+|  | per output token received (defaults 1 and 2) |
+| selection | repeatedly the backlogged tenant with the smallest counter, its oldest waiting |
+|  | request (its counter raised by that prompt), until one does not fit |
+| lift | a tenant whose queue goes from empty to non-empty starts at least at the smallest |
+|  | counter of those already backlogged: idle time earns no credit |
+| victims | vLLM's default (the last admitted) |
+
+The engine asks it at every iteration with something to decide; between two asks it reads,
+from the decision point's columns, what each request it is tracking has received (requests
+admitted and not yet finished, and those finished since). ``service`` holds each tenant's
+received service (unweighted, without lifts) and ``history`` its values at every ask, for
+the paper's bound: two tenants backlogged over an interval receive services that differ by
+at most about 2 max(w_in L_in, w_out M), L_in the longest prompt, M the most tokens a batch
+holds (``tests/test_fairness.py``).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Mapping
+
+import numpy as np
+
+from cbgym.engine.decision import Decision, DecisionPoint, Policy, PolicyContext
+
+
+class VTC(Policy):
+    """Virtual Token Counter (module docstring). Not privileged.
+
+    Args:
+        w_in / w_out: cost of a prompt / output token (the paper's 1 and 2).
+        weights: tenant id -> weight (default 1 each): a tenant of weight 2 is due twice
+            the service.
+    """
+
+    name = "vtc"
+    consult = "every_iteration"
+
+    def __init__(self, w_in: float = 1.0, w_out: float = 2.0,
+                 weights: Mapping[int, float] | None = None) -> None:
+        for label, v in (("w_in", w_in), ("w_out", w_out)):
+            if isinstance(v, bool) or not isinstance(v, int | float) or not 0 <= v < np.inf:
+                raise ValueError(f"VTC {label}={v!r}: expected a cost >= 0")
+        weights = dict(weights or {})
+        for t, w in weights.items():
+            if isinstance(w, bool) or not isinstance(w, int | float) or not 0 < w < np.inf:
+                raise ValueError(f"VTC weights[{t!r}]={w!r}: expected a weight > 0")
+        self.w_in, self.w_out, self.weights = float(w_in), float(w_out), weights
+
+    def reset(self, ctx: PolicyContext) -> None:
+        super().reset(ctx)
+        self.counter: dict[int, float] = {}
+        self.service: dict[int, float] = {}
+        # (time, service so far per tenant, backlogged tenants) at every ask
+        self.history: list[tuple[float, dict[int, float], frozenset[int]]] = []
+        self._seen = np.zeros(ctx.num_requests, np.int64)  # output tokens counted so far
+        self._tracked: set[int] = set()  # admitted, not yet finished
+        self._done = 0  # finished requests accounted for
+        self._backlogged: set[int] = set()
+
+    def _weight(self, tenant: int) -> float:
+        return float(self.weights.get(tenant, 1.0))
+
+    def _charge(self, tenant: int, cost: float) -> None:
+        self.service[tenant] = self.service.get(tenant, 0.0) + cost
+        self.counter[tenant] = self.counter.get(tenant, 0.0) + cost / self._weight(tenant)
+
+    def _account(self, dp: DecisionPoint) -> None:
+        """What each request received since the last ask."""
+        fresh = [int(r) for r in dp.running if int(r) not in self._tracked]
+        done = [int(r) for r in dp.finished[self._done:]]
+        self._done = len(dp.finished)
+        for rid in fresh + [r for r in done if r not in self._tracked]:
+            self._tracked.add(rid)
+            self._charge(int(dp.tenant[rid]), self.w_in * int(dp.prompt_tokens[rid]))
+        for rid in list(self._tracked):
+            got = int(dp.num_generated[rid]) - self._seen[rid]
+            if got:
+                self._seen[rid] += got
+                self._charge(int(dp.tenant[rid]), self.w_out * got)
+        self._tracked.difference_update(done)
+
+    def decide(self, dp: DecisionPoint) -> Decision:
+        self._account(dp)
+        waiting = dp.waiting
+        queues: dict[int, list[int]] = {}
+        for rid in waiting.tolist():
+            queues.setdefault(int(dp.tenant[rid]), []).append(rid)
+        now = set(queues)
+        before = self._backlogged & now
+        for t in sorted(now - self._backlogged):  # lift: idle time earns no credit
+            self.counter.setdefault(t, 0.0)
+            if before:
+                self.counter[t] = max(self.counter[t], min(self.counter[u] for u in before))
+        self._backlogged = now
+        self.history.append((dp.now, dict(self.service), frozenset(now)))
+        # at most max_num_seqs admissions an iteration: rank that many
+        room = dp.config.max_num_seqs
+        heap = [(self.counter[t], t) for t in sorted(queues)]
+        heapq.heapify(heap)
+        order: list[int] = []
+        pos = dict.fromkeys(queues, 0)
+        while heap and len(order) < room:
+            c, t = heapq.heappop(heap)
+            rid = queues[t][pos[t]]
+            order.append(rid)
+            pos[t] += 1
+            if pos[t] < len(queues[t]):
+                cost = self.w_in * int(dp.prompt_tokens[rid]) / self._weight(t)
+                heapq.heappush(heap, (c + cost, t))
+        return Decision(order=np.array(order, np.int64))

@@ -1,0 +1,138 @@
+"""Tenants and fair service: workloads by share and by mixing, per-tenant figures, Jain's
+index, and VTC's counters against the paper's bound."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import cbgym
+from cbgym import LinearCostModel, Trace
+from cbgym.agents import VTC
+from cbgym.fairness import (
+    jain_index,
+    max_service_difference,
+    service_over_time,
+    tenant_table,
+)
+from cbgym.workload.tenants import Tenant, assign_tenants, mix_tenants, tier_slos
+from tests.conftest import make_config
+
+BLOCKS, BS = 200, 16
+CFG = make_config(cost_model=LinearCostModel(0.01, 1e-4, 2e-4), num_kv_blocks=BLOCKS,
+                  block_size=BS, max_num_batched_tokens=1024, max_num_seqs=16)
+
+
+def two_tenants(n_a: int, n_b: int, b_at: float = 0.0) -> Trace:
+    """Tenant 0 sends ``n_a`` and tenant 1 ``n_b`` requests of 256 / 256 tokens (the paper's
+    overload workload), tenant 0's first, interleaved three to one."""
+    arr = np.concatenate([np.zeros(n_a), np.full(n_b, b_at)])
+    who = np.concatenate([np.zeros(n_a, np.int32), np.ones(n_b, np.int32)])
+    key = np.concatenate([np.arange(n_a) / 3.0, np.arange(n_b)])  # (3 of A per B at t=0)
+    order = np.lexsort((key, arr))
+    n = n_a + n_b
+    return Trace.from_arrays(arr[order], np.full(n, 256), np.full(n, 256), tenant=who[order],
+                             rebase=False)
+
+
+def backlogged_gap(vtc: VTC) -> float:
+    """The largest service difference between the two tenants over the asks at which both
+    had been backlogged throughout."""
+    worst = 0.0
+    base = None
+    for _, service, backlogged in vtc.history:
+        if backlogged != {0, 1}:
+            if base is not None:
+                break
+            continue
+        if base is None:
+            base = (service.get(0, 0.0), service.get(1, 0.0))
+        worst = max(worst, abs((service.get(0, 0.0) - base[0])
+                               - (service.get(1, 0.0) - base[1])))
+    assert base is not None, "both tenants should be backlogged at some ask"
+    return worst
+
+
+def test_vtc_keeps_two_backlogged_tenants_within_the_papers_bound() -> None:
+    tr = two_tenants(300, 100)
+    vtc = VTC()
+    res = cbgym.simulate(tr, policy=vtc, engine=CFG)
+    # 2 max(w_in L_in, w_out M): L_in = 256 prompt tokens, M = the KV pool in tokens
+    bound = 2 * max(1.0 * 256, 2.0 * BLOCKS * BS)
+    assert backlogged_gap(vtc) <= bound
+    # FCFS (three of A per B) lets A pull ahead by far more
+    service = service_over_time(cbgym.simulate(tr, policy="fcfs", engine=CFG), 1.0)
+    assert max_service_difference(service) > 2 * bound
+    assert (res.requests["status"] == "finished").all()
+
+
+def test_vtc_weights_set_the_shares() -> None:
+    tr = two_tenants(300, 300)
+    vtc = VTC(weights={0: 2.0})
+    cbgym.simulate(tr, policy=vtc, engine=CFG)
+    # while both are backlogged, tenant 0 (weight 2) gets about twice tenant 1's service
+    both = [(s.get(0, 0.0), s.get(1, 0.0)) for _, s, b in vtc.history if b == {0, 1}]
+    a, b = both[-1][0] - both[0][0], both[-1][1] - both[0][1]
+    assert 1.7 < a / b < 2.3
+
+
+def test_vtc_lifts_a_newly_backlogged_tenants_counter() -> None:
+    """Tenant 1 arrives after tenant 0 has been served alone: lifted to tenant 0's counter it
+    shares from then on, instead of taking everything until its counter catches up."""
+    tr = two_tenants(400, 200, b_at=20.0)
+    vtc = VTC()
+    cbgym.simulate(tr, policy=vtc, engine=CFG)
+    both = [(s.get(0, 0.0), s.get(1, 0.0)) for _, s, b in vtc.history if b == {0, 1}]
+    a, b = both[-1][0] - both[0][0], both[-1][1] - both[0][1]
+    assert 0.7 < a / b < 1.4
+
+
+def test_vtc_checks_its_arguments() -> None:
+    with pytest.raises(ValueError, match="w_out"):
+        VTC(w_out=-1.0)
+    with pytest.raises(ValueError, match=r"weights\[3\]"):
+        VTC(weights={3: 0.0})
+
+
+def test_assign_and_mix_tenants() -> None:
+    rng = np.random.default_rng(0)
+    n = 4000
+    base = Trace.from_arrays(np.sort(rng.uniform(0, 100, n)), rng.integers(1, 500, n),
+                             rng.integers(1, 100, n))
+    tr = assign_tenants(base, [Tenant("chat", 3.0, tier="interactive"),
+                               Tenant("batch", 1.0, tier="batch")], seed=1)
+    assert abs((tr.tenant == 0).mean() - 0.75) < 0.03
+    assert np.array_equal(tr.slo_class, np.where(tr.tenant == 0, 0, 2))
+    assert np.array_equal(tr.arrival_s, base.arrival_s)
+    mixed = mix_tenants([(Tenant("a", 1.0), base), (Tenant("b", 3.0), base)], rate_rps=40.0)
+    assert np.all(np.diff(mixed.arrival_s) >= 0) and len(mixed) == 2 * n
+    # each tenant at its share of 40 req/s
+    for t, rate in ((0, 10.0), (1, 30.0)):
+        arr = mixed.arrival_s[mixed.tenant == t]
+        assert abs(len(arr) / (arr[-1] - arr[0]) - rate) < 0.5
+    assert set(tier_slos()) == {0, 1, 2}
+
+
+@pytest.mark.parametrize("bad, match", [
+    (lambda: Tenant("a", share=0.0), "share"),
+    (lambda: Tenant("a", weight=-1.0), "weight"),
+    (lambda: Tenant("a", tier="gold"), "tier"),
+    (lambda: assign_tenants(Trace.from_arrays([0.0, 1.0], [1, 1], [1, 1]),
+                            [Tenant("a"), Tenant("a")]), "unique"),
+    (lambda: tier_slos({7: cbgym.SLO()}), "class 7"),
+])
+def test_bad_tenant_input_is_a_clear_error(bad, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        bad()
+
+
+def test_tenant_table_and_jain_index() -> None:
+    tr = two_tenants(60, 20)
+    res = cbgym.simulate(tr, policy="fcfs", engine=CFG)
+    table = tenant_table(res)
+    assert table["requests"].tolist() == [60, 20]
+    assert table["service"].sum() == pytest.approx((1 * 256 + 2 * 256) * 80)
+    assert jain_index([1.0, 1.0, 1.0]) == 1.0
+    assert jain_index([1.0, 0.0, 0.0, 0.0]) == pytest.approx(0.25)
+    with pytest.raises(ValueError, match="jain_index"):
+        jain_index([1.0, -1.0])
