@@ -5,8 +5,8 @@ azure-code-2023 the batch tenant (tier ``batch``; its prompts are twice as long)
 ``--share`` of the requests for conv (``cbgym.workload.tenants.mix_tenants``) and offered at
 ``--load`` of the engine's capacity on the mix. Each tenant's SLO attainment and p99 TTFT,
 and Jain's index of their attainments, under FCFS, vLLM's priority policy (the tier is the
-priority: interactive first) and VTC (equal weights), and with the interactive tenant alone
-on the engine (isolation: what it would get with no neighbour).
+priority: interactive first), VTC, DRR and WFQ (equal weights), and with the interactive
+tenant alone on the engine (isolation: what it would get with no neighbour).
 
     python benchmarks/bench_noisy_neighbour.py [--requests 4000] [--load 1.0] [--share 0.7]
 """
@@ -47,7 +47,7 @@ def main() -> None:
           f"load {args.load} of {mu:.2f} req/s")
     print(f"{'policy':<12}{'chat attain':>12}{'chat p99 TTFT':>15}{'batch attain':>14}"
           f"{'batch p99 TTFT':>16}{'Jain':>7}{'wall s':>8}")
-    for policy in ("fcfs", "priority", "vtc"):
+    for policy in ("fcfs", "priority", "vtc", "drr", "wfq"):
         t = time.perf_counter()
         res = cbgym.simulate(mixed, policy=policy, engine=engine, slo=slo)
         wall = time.perf_counter() - t

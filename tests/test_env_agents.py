@@ -25,10 +25,10 @@ AGING_WEIGHT = "0.5"
 # Not exact on the env by design (see cbgym.env.agents): fresh random draws / preemptive.
 # learned: test_train.py
 # (priority: its victims are the largest (priority, arrival), which the env's EnvAgent, made
-# for key policies with vLLM's default victims, does not play; vtc: its order depends on the
-# service each tenant has received, no key of a request's own)
+# for key policies with vLLM's default victims, does not play; vtc, drr, wfq: their order
+# depends on what each tenant has received, no key of a request's own)
 FAST_PATH_ONLY = {"random", "oracle-srpt", "slo-edf", "cb-sjf-work-shed", "learned", "priority",
-                  "vtc"}
+                  "vtc", "drr", "wfq"}
 
 
 def spec(name: str) -> str:

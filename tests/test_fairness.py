@@ -92,6 +92,12 @@ def test_vtc_checks_its_arguments() -> None:
         VTC(w_out=-1.0)
     with pytest.raises(ValueError, match=r"weights\[3\]"):
         VTC(weights={3: 0.0})
+    from cbgym.agents import DRR, WFQ
+
+    with pytest.raises(ValueError, match="DRR quantum"):
+        DRR(quantum=0)
+    with pytest.raises(ValueError, match=r"WFQ weights\[0\]"):
+        WFQ(weights={0: -1.0})
 
 
 def test_assign_and_mix_tenants() -> None:
@@ -136,3 +142,36 @@ def test_tenant_table_and_jain_index() -> None:
     assert jain_index([1.0, 0.0, 0.0, 0.0]) == pytest.approx(0.25)
     with pytest.raises(ValueError, match="jain_index"):
         jain_index([1.0, -1.0])
+
+
+# KV for every running request: no preemption (a re-admitted request costs DRR its prompt
+# again, which would tilt the shares by who is preempted)
+ROOMY = make_config(cost_model=LinearCostModel(0.01, 1e-4, 2e-4), num_kv_blocks=2000,
+                    block_size=BS, max_num_batched_tokens=1024, max_num_seqs=16)
+
+
+def admitted_shares(policy: object, weights: tuple[float, float]) -> float:
+    """Tenant 1's admissions over tenant 0's while both are backlogged (equal requests, both
+    sending 240 at once)."""
+    tr = two_tenants(240, 240)
+    res = cbgym.simulate(tr, policy=policy, engine=ROOMY).requests
+    assert res["preemptions"].sum() == 0
+    sched = res["first_scheduled_s"].to_numpy()
+    who = res["tenant"].to_numpy()
+    until = min(sched[who == 0].max(), sched[who == 1].max())  # both backlogged before it
+    inside = sched < until
+    return ((who == 1) & inside).sum() / ((who == 0) & inside).sum()
+
+
+@pytest.mark.parametrize("make", [
+    lambda w: __import__("cbgym.agents", fromlist=["DRR"]).DRR(quantum=256, weights=w),
+    lambda w: __import__("cbgym.agents", fromlist=["WFQ"]).WFQ(weights=w),
+    lambda w: VTC(weights=w),
+], ids=["drr", "wfq", "vtc"])
+def test_fair_queues_share_by_weight(make) -> None:
+    assert admitted_shares(make({}), (1, 1)) == pytest.approx(1.0, abs=0.1)
+    assert admitted_shares(make({1: 3.0}), (1, 3)) == pytest.approx(3.0, rel=0.12)
+
+
+def test_fcfs_does_not_share() -> None:
+    assert admitted_shares("fcfs", (1, 1)) < 0.5  # (three of tenant 0's per tenant 1's)

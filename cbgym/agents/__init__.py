@@ -17,6 +17,8 @@ noisy-oracle-work:ACC  oracle-work on the same believed lengths                 
 slo-edf                earliest TTFT deadline; sheds requests that cannot meet it  no
 priority               (priority, arrival), evicting the largest: vLLM's policy     no
 vtc                    the tenant with the least service so far (VTC, OSDI'24)     no
+drr                    tenants in a round, each visit a quantum of prompt tokens   no
+wfq                    the smallest virtual finish tag (self-clocked fair queue)   no
 cb-sjf-work-shed[:CAP] cb-sjf-work; sheds as slo-edf; at most CAP running          no
 learned[:NAME|PATH]    a trained SB3 model (default: the shipped checkpoint)       no
 =====================  ==========================================================  ==========
@@ -36,6 +38,7 @@ from cbgym.agents.aging import (
 )
 from cbgym.agents.base import KeyPolicy, QueueView
 from cbgym.agents.cb_sjf_work import CBSJFWork
+from cbgym.agents.fair_queue import DRR, WFQ
 from cbgym.agents.fcfs import FCFS
 from cbgym.agents.learned import LearnedPolicy
 from cbgym.agents.ljf_work import LJFWork
@@ -54,7 +57,7 @@ POLICIES: dict[str, type[Policy]] = {
     cls.name: cls
     for cls in (FCFS, SJFCtx, CBSJFWork, LJFWork, RandomOrder, OracleSJF, OracleWork,
                 OracleSRPT, NoisyOracle, NoisyOracleWork, *AGING_POLICIES, SLOEarliestDeadline,
-                CBSJFWorkShed, Priority, VTC, LearnedPolicy)
+                CBSJFWorkShed, Priority, VTC, DRR, WFQ, LearnedPolicy)
 }
 
 
@@ -80,7 +83,8 @@ def make_policy(spec: str) -> Policy:
 
 __all__ = [
     "POLICIES", "make_policy", "with_aging", "KeyPolicy", "QueueView", "FCFS", "SJFCtx",
-    "CBSJFWork", "CBSJFWorkShed", "LJFWork", "Priority", "VTC", "RandomOrder",
+    "CBSJFWork", "CBSJFWorkShed", "LJFWork", "Priority", "VTC", "DRR", "WFQ",
+    "RandomOrder",
     "SLOEarliestDeadline",
     "OracleSJF",
     "OracleWork",

@@ -27,6 +27,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from cbgym.agents.service import ServiceMeter, check_costs
 from cbgym.engine.decision import Decision, DecisionPoint, Policy, PolicyContext
 
 
@@ -44,50 +45,29 @@ class VTC(Policy):
 
     def __init__(self, w_in: float = 1.0, w_out: float = 2.0,
                  weights: Mapping[int, float] | None = None) -> None:
-        for label, v in (("w_in", w_in), ("w_out", w_out)):
-            if isinstance(v, bool) or not isinstance(v, int | float) or not 0 <= v < np.inf:
-                raise ValueError(f"VTC {label}={v!r}: expected a cost >= 0")
-        weights = dict(weights or {})
-        for t, w in weights.items():
-            if isinstance(w, bool) or not isinstance(w, int | float) or not 0 < w < np.inf:
-                raise ValueError(f"VTC weights[{t!r}]={w!r}: expected a weight > 0")
-        self.w_in, self.w_out, self.weights = float(w_in), float(w_out), weights
+        self.weights = check_costs("VTC", w_in, w_out, dict(weights or {}))
+        self.w_in, self.w_out = float(w_in), float(w_out)
 
     def reset(self, ctx: PolicyContext) -> None:
         super().reset(ctx)
         self.counter: dict[int, float] = {}
-        self.service: dict[int, float] = {}
+        self.meter = ServiceMeter(ctx.num_requests, self.w_in, self.w_out, self._count)
         # (time, service so far per tenant, backlogged tenants) at every ask
         self.history: list[tuple[float, dict[int, float], frozenset[int]]] = []
-        self._seen = np.zeros(ctx.num_requests, np.int64)  # output tokens counted so far
-        self._tracked: set[int] = set()  # admitted, not yet finished
-        self._done = 0  # finished requests accounted for
         self._backlogged: set[int] = set()
+
+    @property
+    def service(self) -> dict[int, float]:
+        return self.meter.service
 
     def _weight(self, tenant: int) -> float:
         return float(self.weights.get(tenant, 1.0))
 
-    def _charge(self, tenant: int, cost: float) -> None:
-        self.service[tenant] = self.service.get(tenant, 0.0) + cost
+    def _count(self, tenant: int, cost: float) -> None:
         self.counter[tenant] = self.counter.get(tenant, 0.0) + cost / self._weight(tenant)
 
-    def _account(self, dp: DecisionPoint) -> None:
-        """What each request received since the last ask."""
-        fresh = [int(r) for r in dp.running if int(r) not in self._tracked]
-        done = [int(r) for r in dp.finished[self._done:]]
-        self._done = len(dp.finished)
-        for rid in fresh + [r for r in done if r not in self._tracked]:
-            self._tracked.add(rid)
-            self._charge(int(dp.tenant[rid]), self.w_in * int(dp.prompt_tokens[rid]))
-        for rid in list(self._tracked):
-            got = int(dp.num_generated[rid]) - self._seen[rid]
-            if got:
-                self._seen[rid] += got
-                self._charge(int(dp.tenant[rid]), self.w_out * got)
-        self._tracked.difference_update(done)
-
     def decide(self, dp: DecisionPoint) -> Decision:
-        self._account(dp)
+        self.meter.read(dp)
         waiting = dp.waiting
         queues: dict[int, list[int]] = {}
         for rid in waiting.tolist():

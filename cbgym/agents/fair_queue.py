@@ -1,0 +1,143 @@
+"""Fair queueing between tenants: deficit round robin and weighted fair queueing.
+
+Both charge a request its prompt, ``w_in`` per token (what is known at admission; output
+lengths are not), and share admissions between backlogged tenants by weight.
+
+| policy | rule |
+|---|---|
+| ``drr`` | Shreedhar & Varghese's deficit round robin: the backlogged tenants in a round; each |
+|  | visit adds ``quantum x weight`` to the tenant's deficit and admits its oldest requests |
+|  | while their cost fits the deficit; an emptied queue forfeits its deficit |
+| ``wfq`` | self-clocked weighted fair queueing: a request seen waiting is tagged |
+|  | F = max(V, F of the tenant's previous request) + cost / weight, the smallest tag first; |
+|  | V is the tag of the last request admitted |
+
+The engine asks them at every iteration with something to decide. A decision's order is a
+plan; the engine admits a prefix of it (admission stops at the first request that does not
+fit), so DRR keeps its state after each planned admission and, at the next ask, keeps the
+one matching what was admitted (the plan's requests now running or done). WFQ's virtual
+time follows the requests admitted for the first time
+(:class:`~cbgym.agents.service.ServiceMeter`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+
+from cbgym.agents.service import ServiceMeter, check_costs
+from cbgym.engine.decision import Decision, DecisionPoint, Policy, PolicyContext
+
+
+def _queues(dp: DecisionPoint) -> dict[int, list[int]]:
+    queues: dict[int, list[int]] = {}
+    for rid in dp.waiting.tolist():
+        queues.setdefault(int(dp.tenant[rid]), []).append(rid)
+    return queues
+
+
+class DRR(Policy):
+    """Deficit round robin (module docstring). ``quantum``: cost units a visit adds (one
+    per prompt token with ``w_in=1``); ``weights``: tenant id -> weight (default 1)."""
+
+    name = "drr"
+    consult = "every_iteration"
+
+    def __init__(self, quantum: float = 512.0, weights: Mapping[int, float] | None = None,
+                 w_in: float = 1.0) -> None:
+        if isinstance(quantum, bool) or not isinstance(quantum, int | float) \
+                or not 0 < quantum < np.inf:
+            raise ValueError(f"DRR quantum={quantum!r}: expected cost units > 0")
+        self.weights = check_costs("DRR", w_in, 0.0, dict(weights or {}))
+        self.quantum, self.w_in = float(quantum), float(w_in)
+
+    def reset(self, ctx: PolicyContext) -> None:
+        super().reset(ctx)
+        self.meter = ServiceMeter(ctx.num_requests, self.w_in, 0.0)
+        # the round: tenants in visiting order, the next to visit, whether its quantum
+        # was added already (a visit cut short by a full batch goes on at the next ask)
+        self.state: tuple[dict[int, float], list[int], int, bool] = ({}, [], 0, False)
+        self._plan: list[int] = []
+        self._after: list[tuple[dict[int, float], list[int], int, bool]] = []
+
+    def decide(self, dp: DecisionPoint) -> Decision:
+        self.meter.read(dp)
+        # the plan's prefix the engine admitted: running now, or done already (a preempted
+        # request re-admitted counts too: it cost the tenant its deficit again)
+        admitted = set(dp.running.tolist()) | set(self.meter.finished_since)
+        k = 0
+        while k < len(self._plan) and self._plan[k] in admitted:
+            k += 1
+        if k:
+            self.state = self._after[k - 1]
+        queues = _queues(dp)
+        deficit, ring, pos, in_visit = self.state
+        deficit, ring = dict(deficit), list(ring)
+        # tenants whose queue emptied leave the round (their deficit forfeited); new ones
+        # join at its end
+        keep = [t for t in ring if t in queues]
+        if pos < len(ring) and ring[pos] not in queues:
+            in_visit = False
+        pos = sum(1 for t in ring[:pos] if t in queues)
+        ring = keep + [t for t in sorted(queues) if t not in keep]
+        for t in list(deficit):
+            if t not in queues:
+                del deficit[t]
+        plan, after = [], []
+        heads = dict.fromkeys(queues, 0)
+        room = dp.config.max_num_seqs
+        while ring and len(plan) < room:
+            pos %= len(ring)
+            t = ring[pos]
+            if not in_visit:
+                deficit[t] = deficit.get(t, 0.0) + self.quantum * self.weights.get(t, 1.0)
+                in_visit = True
+            q = queues[t]
+            cost = self.w_in * int(dp.prompt_tokens[q[heads[t]]])
+            if cost <= deficit[t]:
+                plan.append(q[heads[t]])
+                deficit[t] -= cost
+                heads[t] += 1
+                if heads[t] == len(q):  # emptied: out of the round, deficit forfeited
+                    del deficit[t]
+                    ring.pop(pos)
+                    in_visit = False
+                after.append((dict(deficit), list(ring), pos, in_visit))
+                continue
+            pos, in_visit = pos + 1, False
+        # (committed at the next ask, as far as the engine admitted; nothing admitted: no
+        # visit took place, the round stands)
+        self._plan, self._after = plan, after
+        return Decision(order=np.array(plan, np.int64))
+
+
+class WFQ(Policy):
+    """Self-clocked weighted fair queueing (module docstring); ``weights``: tenant id ->
+    weight (default 1)."""
+
+    name = "wfq"
+    consult = "every_iteration"
+
+    def __init__(self, weights: Mapping[int, float] | None = None, w_in: float = 1.0) -> None:
+        self.weights = check_costs("WFQ", w_in, 0.0, dict(weights or {}))
+        self.w_in = float(w_in)
+
+    def reset(self, ctx: PolicyContext) -> None:
+        super().reset(ctx)
+        self.meter = ServiceMeter(ctx.num_requests, self.w_in, 0.0)
+        self.tag = np.full(ctx.num_requests, np.nan)
+        self._last: dict[int, float] = {}
+        self.virtual = 0.0
+
+    def decide(self, dp: DecisionPoint) -> Decision:
+        for rid in self.meter.read(dp):
+            self.virtual = max(self.virtual, float(self.tag[rid]))
+        waiting = dp.waiting
+        for rid in waiting.tolist():
+            if np.isnan(self.tag[rid]):
+                t = int(dp.tenant[rid])
+                cost = self.w_in * int(dp.prompt_tokens[rid]) / self.weights.get(t, 1.0)
+                self.tag[rid] = self._last[t] = max(self.virtual, self._last.get(t, 0.0)) + cost
+        order = waiting[np.lexsort((waiting, self.tag[waiting]))]
+        return Decision(order=order)
