@@ -175,3 +175,26 @@ def test_fair_queues_share_by_weight(make) -> None:
 
 def test_fcfs_does_not_share() -> None:
     assert admitted_shares("fcfs", (1, 1)) < 0.5  # (three of tenant 0's per tenant 1's)
+
+
+def test_token_buckets_hold_their_rates() -> None:
+    """Tenant 0 floods (240 requests at once) under a bucket of 500 prompt tokens a second
+    (depth 1,000: below what the engine could serve it); tenant 1 has no bucket. Tenant 0's
+    admitted prompt tokens up to any time t stay within depth + rate t, and track it; tenant
+    1 is never held."""
+    from cbgym.agents import TokenBucket
+
+    tr = two_tenants(240, 60)
+    res = cbgym.simulate(tr, policy=TokenBucket(rates={0: 500.0}, depths={0: 1000.0}),
+                         engine=ROOMY).requests
+    a = res[res["tenant"] == 0].sort_values("first_scheduled_s")
+    got = np.cumsum(a["prompt_tokens"].to_numpy())
+    t = a["first_scheduled_s"].to_numpy()
+    assert np.all(got <= 1000.0 + 500.0 * t + 1e-6)
+    assert got[-1] / (1000.0 + 500.0 * t[-1]) > 0.9  # (and uses its rate)
+    b = res[res["tenant"] == 1]
+    assert b["first_scheduled_s"].max() < t[-1] / 4  # tenant 1 goes past the flood
+    with pytest.raises(ValueError, match=r"rates\[0\]"):
+        TokenBucket(rates={0: 0.0})
+    with pytest.raises(ValueError, match="without a rate"):
+        TokenBucket(rates={0: 1.0}, depths={1: 5.0})
