@@ -198,3 +198,73 @@ def test_token_buckets_hold_their_rates() -> None:
         TokenBucket(rates={0: 0.0})
     with pytest.raises(ValueError, match="without a rate"):
         TokenBucket(rates={0: 1.0}, depths={1: 5.0})
+
+
+def test_vtc_lifts_a_queue_that_emptied_between_two_asks() -> None:
+    """Tenant 1's only waiting request is admitted at one ask and another arrives by the next:
+    its queue went empty and non-empty, so it is lifted to tenant 0's counter (found in
+    review: it used to count as backlogged throughout)."""
+    from types import SimpleNamespace
+
+    n = 10
+    tenant = np.array([0, 0, 0, 0, 1, 1, 1, 1, 0, 1])
+    gen = np.zeros(n, np.int64)
+
+    def point(now: float, waiting: list[int], running: list[int]) -> SimpleNamespace:
+        return SimpleNamespace(now=now, waiting=np.array(waiting, np.int64),
+                               running=np.array(running, np.int64),
+                               finished=np.zeros(0, np.int64), tenant=tenant,
+                               prompt_tokens=np.full(n, 100), num_generated=gen,
+                               arrival_s=np.arange(n, dtype=float), config=CFG)
+
+    from cbgym.engine.decision import PolicyContext
+
+    vtc = VTC()
+    vtc.reset(PolicyContext(config=CFG, num_requests=n, seed=0))
+    vtc.decide(point(0, [0, 1, 2], []))  # tenant 0 alone; all admitted
+    gen[[0, 1, 2]] = 500
+    vtc.decide(point(1, [3, 4], [0, 1, 2]))  # tenant 1 joins; the engine admits 4 only
+    gen[[0, 1, 2]] = 1500  # tenant 0 keeps receiving output
+    vtc.decide(point(2, [3, 5], [0, 1, 2, 4]))  # tenant 1's queue emptied and refilled
+    assert vtc.counter[1] == vtc.counter[0] == 9300.0
+
+
+def fake_points(tenant: np.ndarray):  # noqa: ANN201 (a DecisionPoint's fields a fair policy reads)
+    from types import SimpleNamespace
+
+    n = len(tenant)
+
+    def point(waiting: list[int], running: list[int]) -> SimpleNamespace:
+        return SimpleNamespace(now=0.0, waiting=np.array(waiting, np.int64),
+                               running=np.array(running, np.int64),
+                               finished=np.zeros(0, np.int64), tenant=tenant,
+                               prompt_tokens=np.full(n, 100), num_generated=np.zeros(n, np.int64),
+                               arrival_s=np.arange(n, dtype=float),
+                               config=make_config(max_num_seqs=8))
+    return point
+
+
+def test_drr_round_order_and_commit() -> None:
+    """Found in review: a tenant that starts waiting joins the round's tail (FIFO DRR), and a
+    planned request the engine passed over keeps its cost in its tenant's deficit."""
+    from cbgym.agents import DRR
+    from cbgym.engine.decision import PolicyContext
+
+    tenant = np.repeat(np.arange(4), 5)
+    point = fake_points(tenant)
+
+    def q(t: int, k: int = 0) -> list[int]:
+        return list(range(5 * t + k, 5 * t + 5))
+
+    drr = DRR(quantum=100)
+    drr.reset(PolicyContext(config=make_config(), num_requests=20, seed=0))
+    assert tenant[drr.decide(point(q(0) + q(1) + q(2), [])).order].tolist()[:3] == [0, 1, 2]
+    # tenants 0 and 1 were served; tenant 3 starts waiting: it goes after 2, 0 and 1
+    order = drr.decide(point(q(0, 1) + q(1, 1) + q(2) + q(3), [0, 5])).order
+    assert tenant[order].tolist()[:4] == [2, 0, 1, 3]
+    drr = DRR(quantum=100)
+    drr.reset(PolicyContext(config=make_config(), num_requests=20, seed=0))
+    assert drr.decide(point(q(0) + q(1), [])).order.tolist()[:2] == [0, 5]
+    # the engine admitted 5 but not 0: tenant 0 keeps the 100 it did not spend
+    drr.decide(point([0] + q(0, 1) + q(1, 1), [5]))
+    assert drr.state[0][0] == 100.0

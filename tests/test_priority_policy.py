@@ -53,9 +53,9 @@ def test_victim_is_the_largest_priority_not_the_last_admitted() -> None:
     assert fcfs["preemptions"].tolist() == [0, 1]
 
 
-def test_kernel_and_door_agree_without_preemption() -> None:
-    """The compiled path (static keys) and the door (decide) make the same decisions while
-    nobody is preempted (the door keeps vLLM's default victims)."""
+def test_kernel_and_door_agree() -> None:
+    """The compiled path (static keys) and the door (decide, which names its victims by the
+    same key) make the same decisions, preemptions included."""
 
     class AtTheDoor(Priority):
         def static_keys(self) -> None:  # type: ignore[override]
@@ -66,11 +66,12 @@ def test_kernel_and_door_agree_without_preemption() -> None:
     tr = Trace.from_arrays(np.sort(rng.uniform(0, 3, n)), rng.integers(10, 400, n),
                            rng.integers(1, 80, n), rebase=False,
                            extra={"priority": rng.integers(0, 4, n)})
-    big = make_config(cost_model=LinearCostModel(0.01, 1e-4, 2e-4), num_kv_blocks=5000,
-                      block_size=16, max_num_batched_tokens=256, max_num_seqs=4)
-    a, b = run(tr, cfg=big), run(tr, AtTheDoor(), big)
-    assert a["preemptions"].sum() == 0
-    pd.testing.assert_frame_equal(a, b, check_exact=True)
+    for blocks in (5000, 60):
+        cfg = make_config(cost_model=LinearCostModel(0.01, 1e-4, 2e-4), num_kv_blocks=blocks,
+                          block_size=16, max_num_batched_tokens=256, max_num_seqs=4)
+        a, b = run(tr, cfg=cfg), run(tr, AtTheDoor(), cfg)
+        assert (a["preemptions"].sum() == 0) == (blocks == 5000)
+        pd.testing.assert_frame_equal(a, b, check_exact=True)
 
 
 def test_bad_priorities_are_rejected() -> None:
@@ -80,3 +81,22 @@ def test_bad_priorities_are_rejected() -> None:
     with pytest.raises(ValueError, match="too far apart"):
         pol.reset(PolicyContext(config=CFG, num_requests=3, seed=0,
                                 priority=np.array([0, 2**60, 1])))
+
+
+def test_strict_tiers_serve_the_interactive_class_first() -> None:
+    tr = Trace.from_arrays(np.zeros(5), np.full(5, 50), np.full(5, 20), rebase=False,
+                           slo_class=[2, 1, 0, 2, 0])
+    first = run(tr, "strict-tiers")["first_scheduled_s"].to_numpy()
+    assert np.argsort(first, kind="stable").tolist() == [2, 4, 0, 1, 3]
+
+
+def test_least_slack_orders_by_ttft_deadline() -> None:
+    # class 1 has a 5 s target, class 0 a 0.5 s one: a later class-0 arrival goes first
+    tr = Trace.from_arrays(np.array([0.0, 0.0, 0.0, 0.2]), np.full(4, 50),
+                           np.array([40, 80, 40, 40]), rebase=False, slo_class=[1, 1, 1, 0])
+    slo = {0: cbgym.SLO(0.5, 0.1), 1: cbgym.SLO(5.0, 0.1)}
+    for policy, later in (("least-slack", 2), ("fcfs", 3)):
+        first = cbgym.simulate(tr, policy=policy, engine=CFG, slo=slo).requests[
+            "first_scheduled_s"].to_numpy()
+        # the first slot to free (request 0's) goes to the tighter deadline, not the arrival
+        assert first[later] > first[5 - later]

@@ -290,8 +290,24 @@ def priority_mixed_random() -> Workload:
     )
 
 
+def priority_self_preempt() -> Workload:
+    # Found in review: a low-priority request admitted first runs ahead of a high-priority
+    # one in the running list; out of blocks, it is its own victim, and vLLM's running loop
+    # ends there: the request behind it gets nothing that step.
+    specs = [RequestSpec("0", 15, 10, 0, priority=5), RequestSpec("1", 4, 10, 1, priority=0)]
+    return Workload(
+        "priority_self_preempt",
+        "scheduling_policy='priority', 3 KV blocks (2 usable): the first-admitted, lower-"
+        "priority request preempts itself and the running loop stops before the one behind it.",
+        EngineSetup(num_gpu_blocks=3, max_num_seqs=16, max_num_batched_tokens=256,
+                    max_model_len=2048, policy="priority"),
+        specs,
+    )
+
+
 WORKLOADS = {w.__name__: w for w in (basic, chunked, preempt, max_seqs, mixed_random, no_chunking,
-                                     priority_order, priority_preempt, priority_mixed_random)}
+                                     priority_order, priority_preempt, priority_mixed_random,
+                                     priority_self_preempt)}
 
 
 # ---------------------------------------------------------------------------------------------

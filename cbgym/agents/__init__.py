@@ -20,6 +20,8 @@ vtc                    the tenant with the least service so far (VTC, OSDI'24)  
 drr                    tenants in a round, each visit a quantum of prompt tokens   no
 wfq                    the smallest virtual finish tag (self-clocked fair queue)   no
 token-bucket           FCFS, each tenant's prompts rate-limited by a token bucket  no
+strict-tiers           the interactive SLO class first, evicting the lower tier    no
+least-slack            the earliest TTFT deadline (arrival + its class's target)   no
 cb-sjf-work-shed[:CAP] cb-sjf-work; sheds as slo-edf; at most CAP running          no
 learned[:NAME|PATH]    a trained SB3 model (default: the shipped checkpoint)       no
 =====================  ==========================================================  ==========
@@ -51,6 +53,7 @@ from cbgym.agents.priority import Priority
 from cbgym.agents.random_order import RandomOrder
 from cbgym.agents.sjf_ctx import SJFCtx
 from cbgym.agents.slo_edf import CBSJFWorkShed, SLOEarliestDeadline
+from cbgym.agents.tiers import LeastSlack, StrictTiers
 from cbgym.agents.token_bucket import TokenBucket
 from cbgym.agents.vtc import VTC
 from cbgym.engine.decision import Policy
@@ -59,7 +62,8 @@ POLICIES: dict[str, type[Policy]] = {
     cls.name: cls
     for cls in (FCFS, SJFCtx, CBSJFWork, LJFWork, RandomOrder, OracleSJF, OracleWork,
                 OracleSRPT, NoisyOracle, NoisyOracleWork, *AGING_POLICIES, SLOEarliestDeadline,
-                CBSJFWorkShed, Priority, VTC, DRR, WFQ, TokenBucket, LearnedPolicy)
+                CBSJFWorkShed, Priority, StrictTiers, LeastSlack, VTC, DRR, WFQ, TokenBucket,
+                LearnedPolicy)
 }
 
 
@@ -86,7 +90,7 @@ def make_policy(spec: str) -> Policy:
 __all__ = [
     "POLICIES", "make_policy", "with_aging", "KeyPolicy", "QueueView", "FCFS", "SJFCtx",
     "CBSJFWork", "CBSJFWorkShed", "LJFWork", "Priority", "VTC", "DRR", "WFQ",
-    "TokenBucket", "RandomOrder",
+    "TokenBucket", "StrictTiers", "LeastSlack", "RandomOrder",
     "SLOEarliestDeadline",
     "OracleSJF",
     "OracleWork",

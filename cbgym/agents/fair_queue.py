@@ -14,8 +14,9 @@ lengths are not), and share admissions between backlogged tenants by weight.
 
 The engine asks them at every iteration with something to decide. A decision's order is a
 plan; the engine admits a prefix of it (admission stops at the first request that does not
-fit), so DRR keeps its state after each planned admission and, at the next ask, keeps the
-one matching what was admitted (the plan's requests now running or done). WFQ's virtual
+fit, or skips one that cannot start), so DRR keeps its state after each planned admission
+and, at the next ask, keeps the one after the last planned request now running or done
+(a skipped one's cost back in its tenant's deficit). WFQ's virtual
 time follows the requests admitted for the first time
 (:class:`~cbgym.agents.service.ServiceMeter`).
 """
@@ -60,31 +61,41 @@ class DRR(Policy):
         self.state: tuple[dict[int, float], list[int], int, bool] = ({}, [], 0, False)
         self._plan: list[int] = []
         self._after: list[tuple[dict[int, float], list[int], int, bool]] = []
+        self._costs: list[tuple[int, float]] = []  # each planned request's tenant and cost
 
     def decide(self, dp: DecisionPoint) -> Decision:
         self.meter.read(dp)
         # the plan's prefix the engine admitted: running now, or done already (a preempted
         # request re-admitted counts too: it cost the tenant its deficit again)
         admitted = set(dp.running.tolist()) | set(self.meter.finished_since)
-        k = 0
-        while k < len(self._plan) and self._plan[k] in admitted:
-            k += 1
-        if k:
-            self.state = self._after[k - 1]
+        # the round as after the last planned request the engine admitted; a planned request
+        # it passed over before that one (it may skip one that cannot start, e.g. KV still in
+        # transfer) keeps its cost in its tenant's deficit
+        last = max((j for j, rid in enumerate(self._plan) if rid in admitted), default=-1)
+        if last >= 0:
+            deficit, ring, pos, in_visit = self._after[last]
+            deficit = dict(deficit)
+            for rid, (t, cost) in zip(self._plan[:last], self._costs[:last], strict=True):
+                if rid not in admitted and t in deficit:
+                    deficit[t] += cost
+            self.state = (deficit, ring, pos, in_visit)
         queues = _queues(dp)
         deficit, ring, pos, in_visit = self.state
         deficit, ring = dict(deficit), list(ring)
         # tenants whose queue emptied leave the round (their deficit forfeited); new ones
-        # join at its end
+        # join at its tail, just before the next to visit, oldest waiting request first
         keep = [t for t in ring if t in queues]
         if pos < len(ring) and ring[pos] not in queues:
             in_visit = False
         pos = sum(1 for t in ring[:pos] if t in queues)
-        ring = keep + [t for t in sorted(queues) if t not in keep]
+        new = sorted((t for t in queues if t not in keep),
+                     key=lambda t: (float(dp.arrival_s[queues[t]].min()), t))
+        ring = keep[:pos] + new + keep[pos:]
+        pos += len(new)  # (keep[pos] stays the next to visit, or the one in its visit)
         for t in list(deficit):
             if t not in queues:
                 del deficit[t]
-        plan, after = [], []
+        plan, after, costs = [], [], []
         heads = dict.fromkeys(queues, 0)
         room = dp.config.max_num_seqs
         while ring and len(plan) < room:
@@ -97,18 +108,21 @@ class DRR(Policy):
             cost = self.w_in * int(dp.prompt_tokens[q[heads[t]]])
             if cost <= deficit[t]:
                 plan.append(q[heads[t]])
+                costs.append((t, cost))
                 deficit[t] -= cost
                 heads[t] += 1
                 if heads[t] == len(q):  # emptied: out of the round, deficit forfeited
                     del deficit[t]
                     ring.pop(pos)
                     in_visit = False
+                elif self.w_in * int(dp.prompt_tokens[q[heads[t]]]) > deficit[t]:
+                    pos, in_visit = pos + 1, False  # its visit ends with this one
                 after.append((dict(deficit), list(ring), pos, in_visit))
                 continue
             pos, in_visit = pos + 1, False
         # (committed at the next ask, as far as the engine admitted; nothing admitted: no
         # visit took place, the round stands)
-        self._plan, self._after = plan, after
+        self._plan, self._after, self._costs = plan, after, costs
         return Decision(order=np.array(plan, np.int64))
 
 

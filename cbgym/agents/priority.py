@@ -48,4 +48,6 @@ class Priority(Policy):
         return self._keys
 
     def decide(self, dp: DecisionPoint) -> Decision:
-        return Decision(priority=self._keys[dp.waiting])
+        # at the door too: victims by the largest key (first of equals), as the kernel picks
+        running = dp.running[np.argsort(-self._keys[dp.running], kind="stable")]
+        return Decision(priority=self._keys[dp.waiting], victims=running)

@@ -54,7 +54,7 @@ class VTC(Policy):
         self.meter = ServiceMeter(ctx.num_requests, self.w_in, self.w_out, self._count)
         # (time, service so far per tenant, backlogged tenants) at every ask
         self.history: list[tuple[float, dict[int, float], frozenset[int]]] = []
-        self._backlogged: set[int] = set()
+        self._backlogged: dict[int, set[int]] = {}  # tenant -> its waiting ids at the last ask
 
     @property
     def service(self) -> dict[int, float]:
@@ -73,12 +73,21 @@ class VTC(Policy):
         for rid in waiting.tolist():
             queues.setdefault(int(dp.tenant[rid]), []).append(rid)
         now = set(queues)
-        before = self._backlogged & now
-        for t in sorted(now - self._backlogged):  # lift: idle time earns no credit
-            self.counter.setdefault(t, 0.0)
-            if before:
-                self.counter[t] = max(self.counter[t], min(self.counter[u] for u in before))
-        self._backlogged = now
+        # backlogged throughout: some request it had waiting at the last ask still waits; any
+        # other tenant with requests now has had its queue empty since (all admitted, or none
+        # yet) and is lifted, in order of its oldest waiting request, each against those
+        # backlogged before it (the artifact's lift on a queue going from empty to non-empty)
+        waiting_now = set(waiting.tolist())
+        steady = {t for t, ids in self._backlogged.items() if not ids.isdisjoint(waiting_now)}
+        fresh = sorted((t for t in queues if t not in steady),
+                       key=lambda t: (float(dp.arrival_s[queues[t]].min()), t))
+        basis = [self.counter.setdefault(t, 0.0) for t in steady]
+        for t in fresh:
+            c = self.counter.setdefault(t, 0.0)
+            if basis:
+                self.counter[t] = c = max(c, min(basis))
+            basis.append(c)
+        self._backlogged = {t: set(q) for t, q in queues.items()}
         self.history.append((dp.now, dict(self.service), frozenset(now)))
         # at most max_num_seqs admissions an iteration: rank that many
         room = dp.config.max_num_seqs

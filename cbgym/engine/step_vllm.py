@@ -190,12 +190,13 @@ def schedule_running_slow(s: State, p: Params, budget: int) -> tuple[int, int, b
             if victim == rid:
                 scheduled = False
                 break
-        if scheduled:
-            sched_ids[m] = rid
-            sched_tokens[m] = tok
-            m += 1
-            budget -= tok
-            i += 1
+        if not scheduled:
+            break  # it preempted itself: the running loop ends, as vLLM's (nothing after it)
+        sched_ids[m] = rid
+        sched_tokens[m] = tok
+        m += 1
+        budget -= tok
+        i += 1
     return m, budget, preempted
 
 
