@@ -103,14 +103,14 @@ def record(s: State, p: Params, start: float, dt: float, tokens: int, prefill: i
 
 @no_alloc_kernel
 def add_gap(s: State, rid: int, gap: float) -> None:
-    """A gap between two of ``rid``'s tokens, into its heap of largest ones (gaps.py) if it
+    """A gap between two of ``rid``'s tokens, into its run of largest ones (gaps.py) if it
     can enter (the caller checked ``gap > times[GAP_MIN, rid]``, one cache line per token)."""
     s.req[GAP, rid], s.times[GAP_MIN, rid] = gaps.offer(s.gaps, s.req[GAP, rid], gap)
 
 
 @no_alloc_kernel
 def close_gaps(s: State, rid: int) -> None:
-    """``rid`` ended: its worst gap and the p99 of its gaps from its heap."""
+    """``rid`` ended: its worst gap and the p99 of its gaps from its run."""
     off, _, n = gaps.unpack(s.req[GAP, rid])
     s.times[ITL_P99, rid] = (gaps.p99(s.gaps, off, n, s.req[GENERATED, rid] - 1)
                              if s.si[P99_ON] else np.nan)

@@ -2,12 +2,14 @@
 
 The 99th percentile of a request's g gaps between tokens (numpy's default linear method,
 as vLLM's benchmark computes it) reads only its order statistics at floor((g - 1) 0.99) and
-the next one, so a request keeps its :func:`keep` largest gaps seen so far in a min-heap
-(``State.gaps[req[GAP_OFF]:]``, ``req[GAP_N]`` filled): two for up to 101 gaps, then about
-one per hundred tokens. The slots are sized from the true output length once, when the run
-starts (the engine's own bookkeeping; policies never see it). A decode stretch collects its
-iterations' gaps in a heap of its own (``gaps[:si[GAP_TOP]]``), sorts them once, and each
-running request takes from the top only what can enter its heap.
+the next one, so a request keeps its :func:`keep` largest gaps seen so far, as an ascending
+run in ``State.gaps`` (where, how large and how full: ``req[GAP]``, packed by :func:`pack`;
+``times[GAP_MIN]`` the least it keeps once full, so most gaps are turned away by one read):
+two for up to 101 gaps, then about one per hundred tokens. The slots are sized from the true
+output length once, when the run starts (the engine's own bookkeeping; policies never see
+it). A decode stretch collects its iterations' gaps in a min-heap of its own (the first
+``si[GAP_TOP]`` slots), sorts them once, and each running request takes from the top only
+what can enter its run.
 """
 
 from __future__ import annotations
@@ -35,8 +37,8 @@ def _keeps(output: np.ndarray) -> np.ndarray:
 
 
 def slots(output: np.ndarray) -> int:
-    """The length of ``State.gaps`` for these requests: the largest heap (a stretch's
-    scratch) and one heap per request."""
+    """The length of ``State.gaps`` for these requests: the largest run (a stretch's
+    scratch) and one run per request."""
     k = _keeps(output)
     return int(k.max(initial=1) + k.sum())
 
@@ -81,7 +83,7 @@ def push(buf: np.ndarray, off: int, n: int, cap: int, x: float) -> int:
     return n
 
 
-# A request's heap in one int64 (one cache line a gap): offset << 24 | capacity << 12 | fill
+# A request's run in one int64: offset << 34 | capacity << 17 | fill
 # (17 bits: outputs up to 13M tokens; offsets below 2**29; fill_state checks both)
 CAP_BITS = 17
 MASK = (1 << CAP_BITS) - 1
@@ -95,7 +97,7 @@ def pack(off: int, cap: int, n: int) -> int:
 
 @no_alloc_kernel
 def unpack(meta: int) -> tuple[int, int, int]:
-    """(offset, capacity, fill) of a packed heap."""
+    """(offset, capacity, fill) of a packed run."""
     return meta >> (2 * CAP_BITS), (meta >> CAP_BITS) & MASK, meta & MASK
 
 

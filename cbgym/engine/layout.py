@@ -126,14 +126,14 @@ class State(NamedTuple):
     # instances: KEEP_KV (1: a prefill instance's request, whose blocks outlive it until its
     # KV has been sent), REMOTE (LOCAL ... REMOTE_READY above), RANK (where a delivery
     # goes among the inbox's deliveries of the same instant: 0 before 1), CHUNK_CAP (most prompt
-    # tokens per iteration; 0: the budget's); GAP (its heap of largest gaps between tokens
+    # tokens per iteration; 0: the budget's); GAP (its run of largest gaps between tokens
     # in ``gaps``: where, how large, how full, packed by cbgym.engine.gaps.pack)
     req: np.ndarray
     # per request: ARRIVAL (at this instance), FIRST_SCHEDULED, FIRST_TOKEN, FINISH
     # (seconds; NaN: not yet), KEY (a static policy's key: lower admitted first), KV_EVENT
     # (when its last outbox event happened), LAST_TOKEN (when it sampled its last token),
     # ITL_MAX / ITL_P99 (its longest gap between two tokens and the p99 of its gaps, numpy's
-    # linear method; set when it ends, 0 without a gap), GAP_MIN (the least gap its heap of
+    # linear method; set when it ends, 0 without a gap), GAP_MIN (the least gap its run of
     # largest gaps keeps once full, -inf before: a smaller gap is not kept)
     times: np.ndarray
     # id lists, each n long:

@@ -219,7 +219,7 @@ def decode_stretch(s: State, p: Params) -> bool:
         generated[rid] += steps
         tokens[rid] += steps
         # its gaps: from its last token to the first step's end, then each step's (largest
-        # first, while they can enter its heap; usually none can: one cache line)
+        # first, while they can enter its run; usually none can: one cache line)
         first = first_end - last_token[rid]
         if max(first, top_gap) > gap_min[rid]:
             if first > gap_min[rid]:
