@@ -122,6 +122,22 @@ def chunked() -> Workload:
     )
 
 
+def _same_length_groups(rng: random.Random, count: int, max_gap: int) -> list[RequestSpec]:
+    """At least ``count`` requests in small groups of one prompt length (outputs of 40-300),
+    groups up to ``max_gap`` steps apart, the first at step 0 (shifting every arrival alike
+    changes no decision, only idle steps)."""
+    specs: list[RequestSpec] = []
+    step = 0
+    while len(specs) < count:
+        step += rng.randint(0, max_gap)
+        prompt = rng.choice([8, 16, 32, 48, 64, 100, 200, 300, 520])
+        output = rng.randint(40, 300)
+        for _ in range(rng.choice([1, 1, 2, 3])):
+            specs.append(RequestSpec(str(len(specs)), prompt, output, step))
+    first = specs[0].arrival_step
+    return [replace(s, arrival_step=s.arrival_step - first) for s in specs]
+
+
 def preempt() -> Workload:
     # 63 usable blocks = 1,008 token slots and outputs of 40-300 tokens: running requests outgrow
     # the pool, so the tail of `running` is preempted after it has generated tokens and resumes
@@ -130,17 +146,7 @@ def preempt() -> Workload:
     # tail request preempting itself, two preemptions in one step, and a victim caught in the
     # middle of a chunked prefill (the 520-token prompts exceed the 512 budget).
     rng = random.Random(65)
-    specs: list[RequestSpec] = []
-    step = 0
-    while len(specs) < 14:
-        step += rng.randint(0, 15)
-        prompt = rng.choice([8, 16, 32, 48, 64, 100, 200, 300, 520])
-        output = rng.randint(40, 300)
-        for _ in range(rng.choice([1, 1, 2, 3])):
-            specs.append(RequestSpec(str(len(specs)), prompt, output, step))
-    # Start at step 0: shifting every arrival alike changes no decision, only idle steps.
-    first = specs[0].arrival_step
-    specs = [replace(s, arrival_step=s.arrival_step - first) for s in specs]
+    specs = _same_length_groups(rng, 14, max_gap=15)
     return Workload(
         "preempt",
         "Tight KV memory (64 blocks, 63 usable), budget 512, 14 requests in small same-length"
@@ -250,16 +256,7 @@ def priority_preempt() -> Workload:
     # (priority, arrival), wherever it sits in the running list, already scheduled this step
     # or not (its tokens are given back), or the request being scheduled itself.
     rng = random.Random(7)
-    specs: list[RequestSpec] = []
-    step = 0
-    while len(specs) < 18:
-        step += rng.randint(0, 12)
-        prompt = rng.choice([8, 16, 32, 48, 64, 100, 200, 300, 520])
-        output = rng.randint(40, 300)
-        for _ in range(rng.choice([1, 1, 2, 3])):
-            specs.append(RequestSpec(str(len(specs)), prompt, output, step))
-    first = specs[0].arrival_step
-    specs = [replace(s, arrival_step=s.arrival_step - first) for s in specs]
+    specs = _same_length_groups(rng, 18, max_gap=12)
     return Workload(
         "priority_preempt",
         "scheduling_policy='priority', tight KV memory (64 blocks, 63 usable), budget 512, 18"

@@ -27,15 +27,8 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from cbgym.agents.service import ServiceMeter, check_costs
+from cbgym.agents.service import ServiceMeter, check_costs, tenant_queues
 from cbgym.engine.decision import Decision, DecisionPoint, Policy, PolicyContext
-
-
-def _queues(dp: DecisionPoint) -> dict[int, list[int]]:
-    queues: dict[int, list[int]] = {}
-    for rid in dp.waiting.tolist():
-        queues.setdefault(int(dp.tenant[rid]), []).append(rid)
-    return queues
 
 
 class DRR(Policy):
@@ -67,7 +60,7 @@ class DRR(Policy):
         self.meter.read(dp)
         # the plan's prefix the engine admitted: running now, or done already (a preempted
         # request re-admitted counts too: it cost the tenant its deficit again)
-        admitted = set(dp.running.tolist()) | set(self.meter.finished_since)
+        admitted = self.meter.started(dp)
         # the round as after the last planned request the engine admitted; a planned request
         # it passed over before that one (it may skip one that cannot start, e.g. KV still in
         # transfer) keeps its cost in its tenant's deficit
@@ -79,7 +72,7 @@ class DRR(Policy):
                 if rid not in admitted and t in deficit:
                     deficit[t] += cost
             self.state = (deficit, ring, pos, in_visit)
-        queues = _queues(dp)
+        queues = tenant_queues(dp)
         deficit, ring, pos, in_visit = self.state
         deficit, ring = dict(deficit), list(ring)
         # tenants whose queue emptied leave the round (their deficit forfeited); new ones

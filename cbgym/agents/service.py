@@ -53,6 +53,19 @@ class ServiceMeter:
         self._tracked.difference_update(done)
         return admitted
 
+    def started(self, dp: DecisionPoint) -> set[int]:
+        """Ids running now or finished since the last read (call after :meth:`read`): what a
+        plan handed to the engine at the last ask may have had admitted."""
+        return set(dp.running.tolist()) | set(self.finished_since)
+
+
+def tenant_queues(dp: DecisionPoint) -> dict[int, list[int]]:
+    """The waiting ids of each tenant, in queue order."""
+    queues: dict[int, list[int]] = {}
+    for rid in dp.waiting.tolist():
+        queues.setdefault(int(dp.tenant[rid]), []).append(rid)
+    return queues
+
 
 def check_costs(owner: str, w_in: float, w_out: float,
                 weights: dict[int, float] | None) -> dict[int, float]:

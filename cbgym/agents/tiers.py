@@ -16,6 +16,8 @@ minus now, the same for every request's ranking at a given time, so the deadline
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from cbgym.agents.priority import Priority
@@ -30,10 +32,7 @@ class StrictTiers(Priority):
 
     def reset(self, ctx: PolicyContext) -> None:
         tier = None if ctx.priority is None else (np.asarray(ctx.priority) > 0).astype(np.int64)
-        super().reset(PolicyContext(
-            config=ctx.config, num_requests=ctx.num_requests, seed=ctx.seed,
-            true_output_tokens=ctx.true_output_tokens, prompt_tokens=ctx.prompt_tokens,
-            arrival_s=ctx.arrival_s, ttft_target_s=ctx.ttft_target_s, priority=tier))
+        super().reset(dataclasses.replace(ctx, priority=tier))
 
 
 class LeastSlack(Policy):

@@ -59,7 +59,7 @@ class TokenBucket(Policy):
 
     def decide(self, dp: DecisionPoint) -> Decision:
         self.meter.read(dp)
-        admitted = set(dp.running.tolist()) | set(self.meter.finished_since)
+        admitted = self.meter.started(dp)
         for rid in self._plan:  # charge what the engine admitted of the last plan
             if rid not in admitted:
                 break

@@ -27,7 +27,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from cbgym.agents.service import ServiceMeter, check_costs
+from cbgym.agents.service import ServiceMeter, check_costs, tenant_queues
 from cbgym.engine.decision import Decision, DecisionPoint, Policy, PolicyContext
 
 
@@ -69,9 +69,7 @@ class VTC(Policy):
     def decide(self, dp: DecisionPoint) -> Decision:
         self.meter.read(dp)
         waiting = dp.waiting
-        queues: dict[int, list[int]] = {}
-        for rid in waiting.tolist():
-            queues.setdefault(int(dp.tenant[rid]), []).append(rid)
+        queues = tenant_queues(dp)
         now = set(queues)
         # backlogged throughout: some request it had waiting at the last ask still waits; any
         # other tenant with requests now has had its queue empty since (all admitted, or none

@@ -50,7 +50,7 @@ from cbgym.engine.jit import bind
 from cbgym.env import cluster_vector_ops as co
 from cbgym.env.action import InvalidActionError
 from cbgym.env.cluster_env import ClusterEnv
-from cbgym.env.vector import use_threads
+from cbgym.env.vector import env_seeds, use_threads
 from cbgym.metrics import tbt_targets
 
 __all__ = ["ClusterVectorEnv"]
@@ -151,7 +151,7 @@ class ClusterVectorEnv(VectorEnv):
                              f"with a True, got {mask.dtype} {mask.shape}")
         if not self._started and not mask.all():
             raise ResetNeeded("the first reset() must start every env (no reset_mask)")
-        seeds = self._seeds(seed)
+        seeds = env_seeds(seed, self.num_envs)
         per_env = [{} for _ in range(E)]  # type: list[dict[str, Any]]
         for key, value in fixed.items():
             values = list(value) if isinstance(value, list | tuple | np.ndarray) \
@@ -171,16 +171,6 @@ class ClusterVectorEnv(VectorEnv):
         self._autoreset[mask] = False
         self._started = True
         return self._observation(), self._infos(np.zeros(E, np.bool_), mask)
-
-    def _seeds(self, seed: int | list[int | None] | None) -> list[int | None]:
-        if seed is None:
-            return [None] * self.num_envs
-        if isinstance(seed, int | np.integer) and not isinstance(seed, bool):
-            return [int(seed) + i for i in range(self.num_envs)]
-        seeds = list(seed)  # type: ignore[arg-type]
-        if len(seeds) != self.num_envs:
-            raise ValueError(f"reset(seed=[...]) needs {self.num_envs} seeds, got {len(seeds)}")
-        return [None if x is None else int(x) for x in seeds]
 
     def step(self, actions: Any) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray,
                                           np.ndarray, dict[str, Any]]:

@@ -54,7 +54,7 @@ from cbgym.env.scheduling_env import (
 from cbgym.env.vector_windows import WindowDraws
 from cbgym.metrics import slo_arrays
 
-__all__ = ["SchedulingMaskedVectorEnv", "SchedulingVectorEnv", "use_threads"]
+__all__ = ["SchedulingMaskedVectorEnv", "SchedulingVectorEnv", "env_seeds", "use_threads"]
 
 _THREADS = threading.local()  # the count this module last gave numba in this thread
 REC_ROWS = 256  # time-series rows per env before the buffer is emptied in place
@@ -67,6 +67,24 @@ def use_threads(n: int) -> None:
     if getattr(_THREADS, "n", 0) != n:
         numba.set_num_threads(n)
         _THREADS.n = n
+
+
+def env_seeds(seed: int | list[int | None] | None, num_envs: int) -> list[int | None]:
+    """Each env's seed from ``reset(seed=)``: s + i for an int s, a list as given (ints >= 0
+    or None), None for all."""
+    if seed is None:
+        return [None] * num_envs
+    if isinstance(seed, int | np.integer) and not isinstance(seed, bool):
+        return [int(seed) + i for i in range(num_envs)]
+    seeds = list(seed)  # type: ignore[arg-type]
+    if len(seeds) != num_envs:
+        raise ValueError(f"reset(seed=[...]) needs {num_envs} seeds, got {len(seeds)}")
+    for i, x in enumerate(seeds):
+        if x is not None and (not isinstance(x, int | np.integer) or isinstance(x, bool)
+                              or x < 0):
+            raise ValueError(f"reset(seed=[...]): seed {i} is {x!r}; expected an int >= 0 "
+                             "or None")
+    return [None if x is None else int(x) for x in seeds]
 
 
 class SchedulingVectorEnv(VectorEnv):
@@ -213,7 +231,7 @@ class SchedulingVectorEnv(VectorEnv):
         mask = np.ascontiguousarray(mask)  # the kernel reads it as contiguous
         if not self._started and not mask.all():
             raise ResetNeeded("the first reset() must start every env (no reset_mask)")
-        seeds = self._seeds(seed)
+        seeds = env_seeds(seed, self.num_envs)
         windows = self.draws.fixed(fixed, mask)
         # everything checked: now apply
         reseeded = [i for i in np.flatnonzero(mask) if seeds[i] is not None or not self._started]
@@ -231,21 +249,6 @@ class SchedulingVectorEnv(VectorEnv):
         self._autoreset[mask] = False
         self._started = True
         return self._observation(), self._infos(self.out, mask.copy())
-
-    def _seeds(self, seed: int | list[int | None] | None) -> list[int | None]:
-        if seed is None:
-            return [None] * self.num_envs
-        if isinstance(seed, int | np.integer) and not isinstance(seed, bool):
-            return [int(seed) + i for i in range(self.num_envs)]
-        seeds = list(seed)  # type: ignore[arg-type]
-        if len(seeds) != self.num_envs:
-            raise ValueError(f"reset(seed=[...]) needs {self.num_envs} seeds, got {len(seeds)}")
-        for i, x in enumerate(seeds):
-            if x is not None and (not isinstance(x, int | np.integer) or isinstance(x, bool)
-                                  or x < 0):
-                raise ValueError(f"reset(seed=[...]): seed {i} is {x!r}; expected an int >= 0 "
-                                 "or None")
-        return [None if x is None else int(x) for x in seeds]
 
     def step(self, actions: Any) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray,
                                           dict[str, Any]]:

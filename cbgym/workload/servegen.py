@@ -127,18 +127,19 @@ def _gaps(rng: np.random.Generator, pattern: str, shape: float, rate: float,
 
 
 def _lengths(rng: np.random.Generator, table: dict[float, tuple[np.ndarray, np.ndarray]],
-             at: np.ndarray) -> np.ndarray | None:
-    """A length for each time in ``at`` from the 6-hour window it falls in (None where a
-    window has no distribution: its requests are dropped by the caller)."""
+             at: np.ndarray) -> np.ndarray:
+    """A length for each time in ``at`` from the 6-hour window it falls in (0 where a window
+    has no distribution: the caller drops those requests)."""
     keys = np.array(sorted(table))
     out = np.zeros(len(at), np.int64)
     which = np.searchsorted(keys, at, "right") - 1
     for k in np.unique(which):
-        mask = which == k
-        values, probs = table[float(keys[max(k, 0)])]
-        if k < 0 or len(values) == 0:
-            out[mask] = 0
+        if k < 0:
             continue
+        values, probs = table[float(keys[k])]
+        if len(values) == 0:
+            continue
+        mask = which == k
         # (the data has 0-token lengths; every request has at least one token)
         out[mask] = np.maximum(rng.choice(values, size=int(mask.sum()), p=probs), 1)
     return out
