@@ -28,6 +28,7 @@ from cbgym.workload.trace import Trace
 
 if TYPE_CHECKING:
     from cbgym.cluster.config import ClusterConfig
+    from cbgym.cluster.edge import AdmissionConfig, ClientModel
     from cbgym.cluster.routing import Router
 
 
@@ -128,6 +129,8 @@ def simulate(
     capacity_rps: float | None = None,
     cluster: ClusterConfig | str | None = None,
     router: str | Router = "round-robin",
+    admission: AdmissionConfig | None = None,
+    client: ClientModel | None = None,
 ) -> SimulationResult:
     """Simulate ``trace`` on one serving instance under ``policy``, or on a ``cluster``.
 
@@ -154,6 +157,13 @@ def simulate(
             (:func:`cbgym.cluster.run.cluster_capacity`).
         router: where each request runs (``cbgym.agents.routing.ROUTERS`` spec, or a
             :class:`cbgym.cluster.Router`); only with ``cluster``.
+        admission: admission control (:class:`cbgym.AdmissionConfig`: queue and in-flight
+            caps answered with 429, a queue TTL with 503); only with ``cluster`` (one
+            instance: ``cluster="1x:MODEL/GPU"``).
+        client: a client model (:class:`cbgym.ClientModel`: timeouts, retries with backoff
+            and jitter, abandoned requests aborted or left running); only with ``cluster``.
+            The result's ``requests`` then has a row per attempt, ``clients`` one per
+            offered request.
 
     Returns:
         A :class:`cbgym.metrics.SimulationResult` (a :class:`cbgym.cluster.ClusterResult`
@@ -172,7 +182,10 @@ def simulate(
             raise ValueError("simulate: give engine= or cluster=, not both (a cluster's "
                              "pools name their engines)")
         return _simulate_cluster(trace, policy, cluster, router, load, seed, slo,
-                                 record_iterations, capacity_rps)
+                                 record_iterations, capacity_rps, admission, client)
+    if admission is not None or client is not None:
+        raise ValueError("simulate: admission= and client= act at a cluster's edge; give "
+                         "cluster= too (one instance: cluster='1x:MODEL/GPU')")
     cfg = resolve_engine(engine)
     pol = resolve_policy(policy)
     trace = resolve_trace(trace)
@@ -206,7 +219,8 @@ def simulate(
 def _simulate_cluster(trace: Trace | str | os.PathLike[str], policy: str | Policy | type[Policy],
                       cluster: ClusterConfig | str, router: str | Router, load: float | None,
                       seed: int, slo: SLOSpec | None, record_iterations: bool,
-                      capacity_rps: float | None) -> SimulationResult:
+                      capacity_rps: float | None, admission: AdmissionConfig | None = None,
+                      client: ClientModel | None = None) -> SimulationResult:
     from cbgym.agents.routing import make_router
     from cbgym.cluster.run import cluster_capacity, resolve_cluster, serve
 
@@ -220,7 +234,7 @@ def _simulate_cluster(trace: Trace | str | os.PathLike[str], policy: str | Polic
         mu = capacity_rps or cluster_capacity(trace, cfg, router)
         trace = scale_to_load(trace, load, cfg.engines[0], capacity_rps=mu)
     return serve(trace, cfg, router, policy=policy, seed=seed, slo=slo or SLO(),
-                 record_iterations=record_iterations,
+                 record_iterations=record_iterations, admission=admission, client=client,
                  meta={"policy": policy if isinstance(policy, str) else
                        getattr(policy, "name", str(policy)), "load": load})
 

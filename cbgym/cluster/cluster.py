@@ -48,6 +48,7 @@ from cbgym.cluster import loop
 from cbgym.cluster import route_ops as ro
 from cbgym.cluster import state as K
 from cbgym.cluster.config import ClusterConfig
+from cbgym.cluster.edge import AdmissionConfig, ClientModel, attempt_slots, edge_settings
 from cbgym.cluster.routing import (
     LOAD_FIELDS,
     ROLE_CODES,
@@ -94,18 +95,40 @@ class Cluster:
             arrival's time (the cluster env, whose reward is counted there).
         itl_p99: keep each request's p99 gap between tokens (``Engine``'s); the envs,
             whose reward reads only the worst gap, turn it off.
+        admission: caps and a queue TTL at the edge or the instances
+            (:class:`~cbgym.cluster.edge.AdmissionConfig`).
+        client: how clients time out and retry (:class:`~cbgym.cluster.edge.ClientModel`):
+            each retry is a request of its own (``self.trace`` has a slot for every attempt
+            a client may make, the trace's requests first; ``num_offered`` of them).
     """
 
     def __init__(self, trace: Trace, config: ClusterConfig, router: Router | None,
                  policies: list[Policy], slo: SLOSpec | None = None, seed: int = 0,
                  record_iterations: bool = False, lock_step: bool = False,
-                 audit: bool = False, eager: bool = True, itl_p99: bool = True) -> None:
-        n, N = len(trace), config.num_instances
+                 audit: bool = False, eager: bool = True, itl_p99: bool = True,
+                 admission: AdmissionConfig | None = None,
+                 client: ClientModel | None = None) -> None:
+        N = config.num_instances
         if len(policies) != N:
             raise ValueError(f"Cluster: {len(policies)} local policies for {N} instances")
+        for name, value, kind in (("admission", admission, AdmissionConfig),
+                                  ("client", client, ClientModel)):
+            if value is not None and not isinstance(value, kind):
+                raise TypeError(f"Cluster {name}=: expected a {kind.__name__} or None, got "
+                                f"{type(value).__name__}")
+        self.admission, self.client = admission, client
+        self.num_offered = len(trace)
+        self.edge = admission is not None or client is not None
+        trace = attempt_slots(trace, client) if self.edge else trace
+        n = len(trace)
         self.trace, self.config, self.router = trace, config, router
         self.slo = slo or SLO()
         self.ttft, self.tpot = slo_arrays(self.slo, trace.slo_class)
+        # when each request was sent (a retry: when its client sent it again); what local
+        # policies see as its arrival at the cluster
+        self._times = np.full((K.NUM_CTIME, n), np.nan)
+        self._times[K.SENT_S, : self.num_offered] = trace.arrival_s[: self.num_offered]
+        sent = self._times[K.SENT_S] if self.edge else trace.arrival_s
         self.role = np.array([ROLE_CODES[r] for r in config.roles], np.int64)
         self.policies = policies
         self.S = self._batched(trace, config)
@@ -114,13 +137,14 @@ class Cluster:
             pol.reset(PolicyContext(
                 config=cfg, num_requests=n, seed=seed,
                 true_output_tokens=trace.output_tokens if pol.privileged else None,
-                prompt_tokens=trace.prompt_tokens, arrival_s=trace.arrival_s,
+                prompt_tokens=trace.prompt_tokens, arrival_s=sent,
                 ttft_target_s=self.ttft, priority=trace.priority))
             keys = pol.static_keys()
             self.engines.append(Engine(trace, cfg, consult=pol.consult,
                                        record_iterations=record_iterations, keys=keys,
                                        victim_by_key=pol.victim_by_key and keys is not None,
                                        routed=True, state=K.view(self.S, i), itl_p99=itl_p99))
+        self._show_sent_times()
         # one numbering of shed reasons for the whole cluster: an instance ends a request
         # with the code its peer shed it with
         reasons = self.engines[0]._reasons
@@ -132,9 +156,10 @@ class Cluster:
             handoff.decided_in_kernel(eng.state, keyed)
         self.P = K.batched_params([e.params for e in self.engines])
         self.rule = self._rule(router)
-        self.C = self._cluster_state(trace, config, router, lock_step, audit)
+        self.C = self._cluster_state(trace, config, router, lock_step, audit, seed)
         reads = router is None or router.reads_loads
-        self.C.ci[K.EAGER] = (eager and not lock_step and all(self._keyed)
+        # (the edge reads live queues at each arrival: no routing ahead of time)
+        self.C.ci[K.EAGER] = (eager and not lock_step and all(self._keyed) and not self.edge
                               and (config.load_report_interval_s > 0 or not reads))
         self.router_shed: dict[int, str] = {}
         self._pending: RoutingPoint | None = None
@@ -145,6 +170,14 @@ class Cluster:
                                        ttft_target_s=float(np.min(self.ttft)) if n else 0.0,
                                        tpot_target_s=float(np.min(self.tpot)) if n else 0.0,
                                        num_requests=n))
+
+    def _show_sent_times(self) -> None:
+        """With an edge, each instance's policy sees a request's arrival as when its client
+        sent it (a retry's send time is known only when it is sent: a view of the row)."""
+        if self.edge:
+            for eng in self.engines:
+                eng._trace_arrival = self._times[K.SENT_S]  # (C.times itself)
+                eng._views = eng._make_views()
 
     @staticmethod
     def _batched(trace: Trace, config: ClusterConfig) -> L.State:
@@ -165,8 +198,8 @@ class Cluster:
         return ro.DOOR, {}
 
     def _cluster_state(self, trace: Trace, config: ClusterConfig, router: Router | None,
-                       lock_step: bool, audit: bool) -> K.ClusterState:
-        n, N = len(trace), config.num_instances
+                       lock_step: bool, audit: bool, seed: int) -> K.ClusterState:
+        n, N, n0 = len(trace), config.num_instances, self.num_offered
         inst, _ = static_tables(config)
         inst[K.KEYED] = self._keyed
         code, params = self.rule
@@ -187,31 +220,35 @@ class Cluster:
         np.fill_diagonal(peer, 0)
         req = np.zeros((K.NUM_CREQ, n), np.int64)
         req[K.PREFILL_I] = req[K.DECODE_I] = NOT_ROUTED
+        req[K.ATTEMPT] = np.arange(n) // max(n0, 1)
+        cf = rule_settings(config, params)
+        edge_settings(ci, cf, n0, self.admission, self.client)
+        jitter = np.random.default_rng(seed).random(n) if self.client else np.zeros(0)
         # (a few events per request are pending at once; _grow doubles it if ever short)
         hcap = 4 * n + N * max(e.max_num_seqs for e in config.engines) + 64
         nic = np.full(N, config.link.nic_bytes_per_s)
         f64, i64 = np.float64, np.int64
         return K.ClusterState(
-            ci, rule_settings(config, params), si, np.zeros(K.NUM_CSF),
-            np.ascontiguousarray(trace.arrival_s, f64),
+            ci, cf, si, np.zeros(K.NUM_CSF), np.ascontiguousarray(trace.arrival_s[:n0], f64),
             np.ascontiguousarray(trace.prompt_tokens, i64),
             np.ascontiguousarray(trace.output_tokens, i64), np.ascontiguousarray(self.ttft, f64),
-            np.ascontiguousarray(self.tpot, f64), req, np.full((K.NUM_CTIME, n), np.nan), inst,
+            np.ascontiguousarray(self.tpot, f64), req, self._times, inst,
             peer, np.zeros(hcap),
             np.zeros((4, hcap), np.int64), np.zeros(n + 64, np.int64),
             np.zeros((len(LOAD_FIELDS), N)), np.zeros((len(LOAD_FIELDS), N)),
-            np.zeros(K.ROUTE_FIELDS, np.int64),
+            np.zeros(K.ROUTE_FIELDS, np.int64), jitter,
             K.new_link(nic, config.link.setup_s, cap=max(64, min(n, 4096) + 8)))
 
     def _bind(self) -> None:
         C, S, P = self.C, self.S, self.P
         self._run = bind(loop.run, C, S, P)
-        self._place = bind(loop.place, C, S, 0, 0.0, 0, 0, 0)
+        self._commit = bind(loop.commit, C, S, 0, 0.0, 0, 0, 0)
+        self._door_shed = bind(loop.door_shed, C, 0, 0.0)
         self._take = bind(loop.take_loads, C, S, P, C.live)
 
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
-        for name in ("_run", "_place", "_take"):
+        for name in ("_run", "_commit", "_door_shed", "_take"):
             del state[name]
         return state
 
@@ -221,6 +258,7 @@ class Cluster:
             st = eng.__getstate__()
             st["state"] = K.view(self.S, i)
             eng.__setstate__(st)
+        self._show_sent_times()
         self._bind()
 
     # ------------------------------------------------------------------ the loop
@@ -267,6 +305,7 @@ class Cluster:
         C = self.C
         heap_t, heap = C.heap_t, C.heap
         need = C.si[K.HEAP_N] + int(self.S.si[:, L.OUTBOX_N].max())
+        need += K.HEAP_MARGIN if self.edge else 0
         while need > len(heap_t):
             heap_t, heap = K.grow(heap_t), K.grow(heap)
         link = C.link
@@ -283,8 +322,8 @@ class Cluster:
             return self._pending
         if self._advance() == K.CL_DRAINED:
             return None
-        rid = int(self.C.si[K.NEXT])
-        self._pending = self.routing_point(rid, float(self.trace.arrival_s[rid]))
+        rid = int(self.C.si[K.ROUTE_RID])
+        self._pending = self.routing_point(rid, float(self.C.times[K.SENT_S, rid]))
         return self._pending
 
     def route(self, route: Route) -> None:
@@ -297,15 +336,15 @@ class Cluster:
         rid = rp.request_id
         if route.shed_reason is not None:
             self.router_shed[rid] = route.shed_reason
+            self._door_shed(self.C, np.int64(rid), float(rp.now))
         else:
             target = int(route.decode if route.prefill is None else route.prefill)  # type: ignore[arg-type]
             if route.chunk_cap and not self.engines[target].config.chunked_prefill:
                 raise InvalidRouteError(f"Route.chunk_cap={route.chunk_cap}: instance {target} "
                                         "has no chunked prefill to cap")
             prefill = NOT_ROUTED if route.prefill is None else int(route.prefill)
-            self._place(self.C, self.S, np.int64(rid), float(rp.now), np.int64(prefill),
-                        np.int64(route.decode), np.int64(route.chunk_cap))
-        self.C.si[K.NEXT] = rid + 1
+            self._commit(self.C, self.S, np.int64(rid), float(rp.now), np.int64(prefill),
+                         np.int64(route.decode), np.int64(route.chunk_cap))
 
     # ------------------------------------------------------------------ what routers see
     def routing_point(self, rid: int, t: float) -> RoutingPoint:

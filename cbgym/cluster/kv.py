@@ -34,6 +34,7 @@ from cbgym.cluster.state import (
     LANDS,
     LAST_TID,
     P_DONE,
+    P_SHED_N,
     PIPELINED,
     PREFILL_DONE,
     PREFILL_I,
@@ -92,6 +93,7 @@ def prefill_shed(C: ClusterState, S: State, rid: int, t: float) -> None:
     C.req[DROPPED, rid] = 1
     if not C.ci[PIPELINED]:
         C.inst[INCOMING, C.req[DECODE_I, rid]] -= 1
+        C.si[P_SHED_N] += 1
     else:
         p, d = C.req[PREFILL_I, rid], C.req[DECODE_I, rid]
         handoff.drop(instance(S, d), rid, t, S.req[p, L.REASON, rid])

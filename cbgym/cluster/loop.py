@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from cbgym.cluster import kv, link_ops, order
+from cbgym.cluster import edge_ops, kv, link_ops, order
 from cbgym.cluster import route_ops as ro
+from cbgym.cluster.events import pop, read_outbox
 from cbgym.cluster.state import (
     ACTIVE,
     ADVANCES,
@@ -39,11 +40,13 @@ from cbgym.cluster.state import (
     DEFLECTED,
     DONE,
     EAGER,
+    EDGE,
+    EXPIRE,
     H_COMPUTED,
     H_KIND,
     H_RID,
-    H_SEQ,
     HAVE_REPORT,
+    HEAP_MARGIN,
     HEAP_N,
     INCOMING,
     INTERVAL,
@@ -51,17 +54,19 @@ from cbgym.cluster.state import (
     LAST_TID,
     LN,
     N_INST,
+    N_ORIG,
     NEXT,
     P_SHED,
     PIPELINED,
-    PREFILL,
     PREFILL_I,
     READS_LOADS,
     REPORT_S,
     REPORTS,
+    RETRY,
     ROLE,
+    ROUTE_RID,
     ROUTER,
-    SEQ,
+    SENT_S,
     STOPPED,
     ClusterState,
     instance,
@@ -72,56 +77,6 @@ from cbgym.engine import layout as L
 from cbgym.engine.jit import no_alloc_kernel
 from cbgym.engine.layout import Params, State
 from cbgym.engine.loop import advance
-
-
-# ------------------------------------------------------------------ the event heap
-@no_alloc_kernel
-def before(C: ClusterState, a: int, b: int) -> bool:
-    """Heap entry a comes first: by time, then kind, then push order."""
-    ta, tb = C.heap_t[a], C.heap_t[b]
-    if ta != tb:
-        return ta < tb
-    ka, kb = C.heap[H_KIND, a], C.heap[H_KIND, b]
-    return ka < kb if ka != kb else C.heap[H_SEQ, a] < C.heap[H_SEQ, b]
-
-
-@no_alloc_kernel
-def swap(C: ClusterState, a: int, b: int) -> None:
-    C.heap_t[a], C.heap_t[b] = C.heap_t[b], C.heap_t[a]
-    for r in range(C.heap.shape[0]):
-        C.heap[r, a], C.heap[r, b] = C.heap[r, b], C.heap[r, a]
-
-
-@no_alloc_kernel
-def push(C: ClusterState, t: float, kind: int, rid: int, computed: int) -> None:
-    k = C.si[HEAP_N]
-    C.heap_t[k] = t
-    C.heap[H_KIND, k], C.heap[H_SEQ, k], C.heap[H_RID, k] = kind, C.si[SEQ], rid
-    C.heap[H_COMPUTED, k] = computed
-    C.si[SEQ] += 1
-    C.si[HEAP_N] = k + 1
-    while k > 0 and before(C, k, (k - 1) // 2):
-        swap(C, k, (k - 1) // 2)
-        k = (k - 1) // 2
-
-
-@no_alloc_kernel
-def pop(C: ClusterState) -> None:
-    """Remove the first entry (read it at index 0 before)."""
-    n = C.si[HEAP_N] - 1
-    C.si[HEAP_N] = n
-    swap(C, 0, n)
-    k = 0
-    while True:
-        c = 2 * k + 1
-        if c >= n:
-            break
-        if c + 1 < n and before(C, c + 1, c):
-            c += 1
-        if not before(C, c, k):
-            break
-        swap(C, k, c)
-        k = c
 
 
 # ------------------------------------------------------------------ what routers see
@@ -219,8 +174,35 @@ def route_here(C: ClusterState, S: State, P: Params, rid: int, t: float) -> bool
     if not ok or (out[2] > 0 and not C.inst[CHUNKED, target]):
         C.si[BAD] = target
         return False
-    place(C, S, rid, t, out[0], out[1], out[2])
+    commit(C, S, rid, t, out[0], out[1], out[2])
     return True
+
+
+@no_alloc_kernel
+def commit(C: ClusterState, S: State, rid: int, t: float, prefill: int, decode: int,
+           cap: int) -> None:
+    """Apply a checked route to the pending request ``rid`` (:func:`place`), unless the
+    routed instance is over its admission cap (429); the next arrival is next."""
+    if C.ci[EDGE] and edge_ops.over_cap(C, S, prefill if prefill >= 0 else decode):
+        edge_ops.reject(C, rid, t)
+    else:
+        place(C, S, rid, t, prefill, decode, cap)
+        if C.ci[EDGE]:
+            edge_ops.placed(C, rid, t)
+    moved_on(C, rid)
+
+
+@no_alloc_kernel
+def door_shed(C: ClusterState, rid: int, t: float) -> None:
+    """The router (or the env's agent) sheds the pending request ``rid``: a 429."""
+    edge_ops.reject(C, rid, t)
+    moved_on(C, rid)
+
+
+@no_alloc_kernel
+def moved_on(C: ClusterState, rid: int) -> None:
+    if rid < C.ci[N_ORIG]:  # (a retry is not one of the trace's arrivals)
+        C.si[NEXT] = rid + 1
 
 
 # ------------------------------------------------------------------ events
@@ -228,7 +210,8 @@ def route_here(C: ClusterState, S: State, P: Params, rid: int, t: float) -> bool
 def handle(C: ClusterState, S: State, P: Params, t: float, t_link: float,
            t_heap: float) -> None:
     """Handle an event at time ``t``: landings, then deliveries and transfer starts, then a
-    load report (arrivals, after them, are routed by the caller)."""
+    load report (arrivals and retries, after them, are routed by the caller: a retry at
+    the top of the heap is passed as ``t_heap`` inf)."""
     if t_link == t:
         for k in range(link_ops.advance(C.link, t)):
             kv.landed(C, S, C.link.out[k], t)
@@ -241,29 +224,17 @@ def handle(C: ClusterState, S: State, P: Params, t: float, t_link: float,
             kv.prefill_shed(C, S, rid, t)
         elif kind == ALLOC:
             kv.allocated_on_decode(C, S, rid, t)
-        else:
+        elif kind == D_SHED:
             kv.decode_shed(C, S, rid)
+        elif kind == EXPIRE:
+            edge_ops.on_expire(C, S, rid, t)
+        else:
+            edge_ops.on_timeout(C, S, rid, t)
     else:
         take_loads(C, S, P, C.loads)
         C.sf[REPORT_S] = t
         C.si[HAVE_REPORT] = 1
         C.si[REPORTS] += 1
-
-
-@no_alloc_kernel
-def read_outbox(C: ClusterState, s: State, i: int) -> None:
-    """Turn instance i's outbox into events at the times they happened."""
-    prefill = C.inst[ROLE, i] == PREFILL
-    for k in range(s.si[L.OUTBOX_N]):
-        rid = s.ids[L.OUTBOX, k]
-        t = s.times[L.KV_EVENT, rid]
-        status = s.req[L.STATUS, rid]
-        if prefill:
-            kind = P_SHED if status == L.SHED else DONE if status == L.FINISHED else CHUNK
-            push(C, t, kind, rid, s.req[L.COMPUTED, rid])
-        else:
-            push(C, t, D_SHED if status == L.SHED else ALLOC, rid, 0)
-    s.si[L.OUTBOX_N] = 0
 
 
 @no_alloc_kernel
@@ -278,10 +249,12 @@ def earliest_active(C: ClusterState, S: State) -> int:
 @no_alloc_kernel
 def room(C: ClusterState) -> bool:
     """The link and the transfer ids have room for what one pass may add (one transfer
-    start at most; the heap is checked against the actual outbox before it is read,
+    start at most), the heap for the edge's events of one pass (timers, a retry, an
+    aborted request's outbox; an instance's own outbox is checked before it is read,
     :func:`finish_advance`)."""
     return (C.link.si[LN] + 2 <= C.link.i.shape[1]
-            and C.si[LAST_TID] + 2 < len(C.tid_rid))
+            and C.si[LAST_TID] + 2 < len(C.tid_rid)
+            and (not C.ci[EDGE] or C.si[HEAP_N] + HEAP_MARGIN <= len(C.heap_t)))
 
 
 @no_alloc_kernel
@@ -309,22 +282,30 @@ def step(C: ClusterState, S: State, P: Params, i: int) -> int:
 
 
 @no_alloc_kernel
-def route_next(C: ClusterState, S: State, P: Params, nxt: int, t: float) -> int:
-    """Route arrival ``nxt`` (at ``t``): ``CL_AT_ROUTE`` for a Python router at the door,
-    ``CL_BAD_ROUTE`` if the compiled rule's route cannot be applied, else -1 (placed)."""
+def route_next(C: ClusterState, S: State, P: Params, rid: int, t: float) -> int:
+    """Route ``rid`` arriving at ``t`` (an arrival of the trace, or a client's retry):
+    ``CL_AT_ROUTE`` for a Python router at the door (``si[ROUTE_RID]`` names it),
+    ``CL_BAD_ROUTE`` if the compiled rule's route cannot be applied, else -1 (placed, or
+    rejected by the cluster's admission cap before any router sees it)."""
+    C.si[ROUTE_RID] = rid
+    if C.ci[EDGE]:
+        C.times[SENT_S, rid] = t
+        if edge_ops.over_cap(C, S, -1):
+            door_shed(C, rid, t)
+            return -1
     if C.ci[ROUTER] == ro.DOOR:
         return CL_AT_ROUTE
-    if not route_here(C, S, P, nxt, t):
+    if not route_here(C, S, P, rid, t):
         return CL_BAD_ROUTE
-    C.si[NEXT] = nxt + 1
     return -1
 
 
 @no_alloc_kernel
 def run(C: ClusterState, S: State, P: Params) -> int:
     """Advance the cluster until the door needs Python or it drained (module docstring).
-    ``CL_AT_ROUTE``: request ``si[NEXT]`` waits for a route (Python places it and moves
-    ``si[NEXT]`` on); ``CL_AT_DECISION`` / ``CL_NEED_ROOM`` / ``CL_STUCK``: instance
+    ``CL_AT_ROUTE``: request ``si[ROUTE_RID]`` (the arrival ``si[NEXT]``, or a client's
+    retry) waits for a route (Python applies it with :func:`commit` or :func:`door_shed`);
+    ``CL_AT_DECISION`` / ``CL_NEED_ROOM`` / ``CL_STUCK``: instance
     ``si[STOPPED]``'s kernel returned that (ask its policy / empty its buffer / raise);
     ``CL_GROW``: a buffer of the cluster must grow; ``CL_BAD_ROUTE``: the compiled rule's
     route cannot be applied (instance ``si[BAD]``)."""
@@ -351,6 +332,11 @@ def run(C: ClusterState, S: State, P: Params) -> int:
         if C.ci[EAGER]:
             t_arr = np.inf
         t_heap = C.heap_t[0] if C.si[HEAP_N] > 0 else np.inf
+        # a client's retry is an arrival: after the other events of its instant (the
+        # last kind), it reads the last load report before it
+        t_retry = t_heap if C.si[HEAP_N] > 0 and C.heap[H_KIND, 0] == RETRY else np.inf
+        if C.ci[EDGE] and C.si[HEAP_N] > 0:
+            t_rep = report_due(C, min(t_arr, t_heap))
         t_link = link_ops.next_event_time(C.link)
         t_ext = min(min(t_arr, t_heap), min(t_link, t_rep))
         i = earliest_active(C, S)
@@ -362,7 +348,14 @@ def run(C: ClusterState, S: State, P: Params) -> int:
                 if code >= 0:
                     return code
                 continue
-            handle(C, S, P, t_ext, t_link, t_heap)
+            if t_retry == t_ext and t_ext != t_link and t_ext != t_rep:
+                rid = C.heap[H_RID, 0]
+                pop(C)
+                code = route_next(C, S, P, rid, t_retry)
+                if code >= 0:
+                    return code
+                continue
+            handle(C, S, P, t_ext, t_link, np.inf if t_retry == t_heap else t_heap)
             continue
         until = order.horizon(C, S, i, t_ext)
         handoff.set_horizon(instance(S, i), until)

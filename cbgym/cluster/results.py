@@ -28,6 +28,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
+from cbgym.cluster import state as K
+from cbgym.cluster.edge_results import attempts_and_clients, edge_totals
 from cbgym.engine import layout as L
 from cbgym.metrics import SimulationResult, requests_frame, timeseries_frame
 
@@ -41,6 +43,21 @@ class ClusterResult(SimulationResult):
     column; ``instances`` holds each instance's time series apart."""
 
     num_instances: int = 0
+    clients: pd.DataFrame | None = None
+
+    def summary(self, warmup: float = 0.0) -> dict[str, float]:
+        """:meth:`SimulationResult.summary`; with an edge (admission control or a client
+        model) ``requests`` has a row per attempt, so goodput and SLO attainment count the
+        offered requests as their clients see them (``clients``), and the edge's totals
+        (:func:`edge_totals`) are added."""
+        out = super().summary(warmup)
+        if self.clients is not None:
+            totals = edge_totals(self)
+            out.update({k: float(v) for k, v in totals.items()})
+            offered, span = totals["offered"], self.sim_seconds
+            out["slo_attainment"] = totals["good"] / offered if offered else float("nan")
+            out["goodput_rps"] = totals["good"] / span if span > 0 else 0.0
+        return out
 
     @property
     def instances(self) -> list[pd.DataFrame]:
@@ -59,6 +76,7 @@ def merged_table(c: Cluster) -> SimpleNamespace:
     """The request table of the whole cluster: each column from the instance that did it."""
     tr = c.trace
     n = len(tr)
+    arrival = c.C.times[K.SENT_S] if c.edge else tr.arrival_s
     idx = np.arange(n)
     S = c.S  # every instance's columns, instance by row (views, no copies)
     stack = {"status": S.req[:, L.STATUS], "reason_code": S.req[:, L.REASON],
@@ -86,11 +104,11 @@ def merged_table(c: Cluster) -> SimpleNamespace:
     reasons.update(c.router_shed)
     nan = np.full(n, np.nan)
     return SimpleNamespace(
-        n=n, arrival_s=tr.arrival_s, prompt=tr.prompt_tokens, output=tr.output_tokens,
+        n=n, arrival_s=arrival, prompt=tr.prompt_tokens, output=tr.output_tokens,
         tenant=tr.tenant, slo_class=tr.slo_class, status=status, reason=reasons,
         first_scheduled_s=np.where(routed, stack["first_scheduled_s"][f, idx], nan),
         first_token_s=np.where(routed, stack["first_token_s"][la, idx], nan),
-        finish_s=np.where(routed, stack["finish_s"][la, idx], tr.arrival_s),
+        finish_s=np.where(routed, stack["finish_s"][la, idx], arrival),
         generated=np.where(routed, stack["generated"][la, idx], 0),
         itl_max_s=np.where(routed, stack["itl_max_s"][la, idx], nan),
         itl_p99_s=np.where(routed, stack["itl_p99_s"][la, idx], nan),
@@ -127,6 +145,9 @@ def cluster_result(c: Cluster, meta: dict) -> ClusterResult:
     timeseries = timeseries_frame(np.concatenate(rows), blocks)
     timeseries.insert(0, "instance", which)
     timeseries.index.name = "row"
+    clients = None
+    if c.edge:
+        req, clients = attempts_and_clients(c, req)
     return ClusterResult(requests=req, timeseries=timeseries, iterations=None,
                          preemption_log=None, slo=c.slo, meta=meta,
-                         num_instances=len(c.engines))
+                         num_instances=len(c.engines), clients=clients)

@@ -9,6 +9,7 @@ import numpy as np
 
 from cbgym.cluster.cluster import Cluster, local_policies
 from cbgym.cluster.config import ClusterConfig
+from cbgym.cluster.edge import AdmissionConfig, ClientModel
 from cbgym.cluster.results import ClusterResult, cluster_result
 from cbgym.cluster.routing import Router
 from cbgym.engine.decision import Policy
@@ -31,8 +32,10 @@ def resolve_cluster(cluster: ClusterConfig | str) -> ClusterConfig:
 def serve(trace: Trace, cluster: ClusterConfig, router: str | Router,
           policy: str | Policy | type[Policy] = "fcfs", seed: int = 0,
           slo: SLOSpec | None = None, record_iterations: bool = False,
-          meta: dict | None = None) -> ClusterResult:
-    """Run ``trace`` through ``cluster`` (no load scaling): the cluster loop and its result."""
+          meta: dict | None = None, admission: AdmissionConfig | None = None,
+          client: ClientModel | None = None) -> ClusterResult:
+    """Run ``trace`` through ``cluster`` (no load scaling): the cluster loop and its result
+    (``admission`` / ``client``: the edge, :mod:`cbgym.cluster.edge`)."""
     from cbgym.agents.routing import make_router
 
     if record_iterations:
@@ -40,7 +43,8 @@ def serve(trace: Trace, cluster: ClusterConfig, router: str | Router,
                          "instance's time series is in ClusterResult.instances)")
     rt = make_router(router)
     c = Cluster(trace, cluster, rt, local_policies(policy, cluster.num_instances), slo=slo,
-                seed=seed, record_iterations=record_iterations)
+                seed=seed, record_iterations=record_iterations, admission=admission,
+                client=client)
     wall = time.perf_counter()
     try:
         c.run()
@@ -49,7 +53,9 @@ def serve(trace: Trace, cluster: ClusterConfig, router: str | Router,
     info = {"router": getattr(rt, "label", rt.name), "trace": trace.name, "seed": seed,
             "wall_seconds": time.perf_counter() - wall,
             "cluster": {"roles": list(cluster.roles),
-                        "engines": [e.preset for e in cluster.engines]}}
+                        "engines": [e.preset for e in cluster.engines]},
+            **({"admission": repr(admission)} if admission else {}),
+            **({"client": repr(client)} if client else {})}
     return cluster_result(c, {**info, **(meta or {})})
 
 

@@ -24,23 +24,35 @@ _codes = L._codes
 # ROUTER: a compiled rule (cbgym.cluster.route_ops) or DOOR (a Python router answers at the
 # door); READS_LOADS: whether load reports are taken; AUDIT: check every transfer's blocks;
 # EAGER: route an arrival as soon as the load report it reads is taken (module cluster);
-# LOCK_STEP: every instance bounded by every other (the time-order tests' reference)
-(N_INST, ROUTER, READS_LOADS, PIPELINED, AUDIT, EAGER, LOCK_STEP) = _codes(7)
-NUM_CCI = 7
+# LOCK_STEP: every instance bounded by every other (the time-order tests' reference);
+# the edge (cbgym.cluster.edge): EDGE (admission control or a client model is on), N_ORIG
+# (requests in the trace; slot k * N_ORIG + j is attempt k of request j), MAX_WAIT /
+# MAX_FLIGHT (caps, -1: none), CAP_SCOPE (0: the whole cluster, 1: the routed instance),
+# MAX_RETRIES, RETRY_MASK (bits: 1 rejected, 2 expired, 4 timed out), ABORT (an abandoned
+# request is aborted on the server), ON_FINISH (the client times the whole response, not
+# its first token)
+(N_INST, ROUTER, READS_LOADS, PIPELINED, AUDIT, EAGER, LOCK_STEP, EDGE, N_ORIG, MAX_WAIT,
+ MAX_FLIGHT, CAP_SCOPE, MAX_RETRIES, RETRY_MASK, ABORT, ON_FINISH) = _codes(16)
+NUM_CCI = 16
 # ---------------------------------------------------------------- ClusterState.cf (static)
 # INTERVAL: load_report_interval_s; NIC / SETUP: the link config (Kairos-transfer's term);
-# ALPHA, BETA (Kairos), LENGTH, QUEUE (Dynamo), THRESHOLD (llm-d)
-INTERVAL, NIC, SETUP, ALPHA, BETA, LENGTH, QUEUE, THRESHOLD = _codes(8)
-NUM_CCF = 8
+# ALPHA, BETA (Kairos), LENGTH, QUEUE (Dynamo), THRESHOLD (llm-d); the edge's TTL (queue
+# TTL), TIMEOUT (the client's), B_BASE / B_MULT / B_CAP / JITTER (its backoff), all inf or 0
+# when off
+(INTERVAL, NIC, SETUP, ALPHA, BETA, LENGTH, QUEUE, THRESHOLD, TTL, TIMEOUT, B_BASE, B_MULT,
+ B_CAP, JITTER) = _codes(14)
+NUM_CCF = 14
 # ---------------------------------------------------------------- ClusterState.si
 # NEXT: next arrival to route; HEAP_N / SEQ: the event heap; LAST_TID: last transfer id;
 # STOPPED: the instance a call stopped in (-1: none), resumed by the next call;
 # HAVE_REPORT: a load report was taken; REPORTS: how many; COUNT: routes so far
 # (round-robin); ADVANCES: instance kernel calls; STARTS / LANDS: audited transfers;
-# BAD: the instance a compiled route could not use (code CL_BAD_ROUTE)
+# BAD: the instance a compiled route could not use (code CL_BAD_ROUTE); ROUTE_RID: the
+# request a CL_AT_ROUTE stop asks about (an arrival, si[NEXT], or a client's retry);
+# P_SHED_N: requests a prefill instance shed (bulk: they never reach D); ROUTED_N: placed
 (NEXT, HEAP_N, SEQ, LAST_TID, STOPPED, HAVE_REPORT, REPORTS, COUNT, ADVANCES, STARTS, LANDS,
- BAD) = _codes(12)
-NUM_CSI = 12
+ BAD, ROUTE_RID, P_SHED_N, ROUTED_N) = _codes(15)
+NUM_CSI = 15
 REPORT_S = np.int64(0)  # ClusterState.sf: when the last load report was taken
 NUM_CSF = 1
 
@@ -49,13 +61,19 @@ NUM_CSF = 1
 # SENT: prompt tokens whose KV is sent or in flight; READY: prompt tokens P has computed
 # (pipelined); INFLIGHT: its transfers in flight; ALLOCATED: D holds blocks for the prompt;
 # P_DONE: P computed its prompt; DROPPED: ended on one side (no KV needed any more);
-# BYTES: KV bytes sent
+# BYTES: KV bytes sent; ATTEMPT: which attempt of its request (0: the first); OUTCOME: how
+# the edge ended it (O_* below; 0: it ran on the server to its end)
 (PREFILL_I, DECODE_I, DEFLECTED, CAP, SENT, READY, INFLIGHT, ALLOCATED, P_DONE, DROPPED,
- BYTES) = _codes(11)
-NUM_CREQ = 11
+ BYTES, ATTEMPT, OUTCOME) = _codes(13)
+NUM_CREQ = 13
 # ---------------------------------------------------------------- per request (float64 rows)
-PREFILL_DONE, T_START, T_END = _codes(3)
-NUM_CTIME = 3
+# SENT_S: when the client sent it (NaN: a retry never sent); CLIENT_END: when the client
+# had its answer from the edge (a 429 or 503, or it gave up)
+PREFILL_DONE, T_START, T_END, SENT_S, CLIENT_END = _codes(5)
+NUM_CTIME = 5
+# OUTCOME codes: rejected at admission (HTTP 429), expired in the queue (503), abandoned by
+# its client (timed out)
+O_NONE, O_REJECTED, O_EXPIRED, O_ABANDONED = _codes(4)
 # ---------------------------------------------------------------- per instance (int64 rows)
 # ROLE (routing.ROLE_CODES); ACTIVE (may act: something was delivered since it drained);
 # KV_OUT: requests whose KV a prefill instance still holds; INCOMING: routed to a decode
@@ -67,8 +85,9 @@ NUM_CTIME = 3
  COST_KIND) = _codes(11)
 NUM_CINST = 11
 # event kinds, in the order events of one instant are handled: a prompt chunk done on P, P's
-# last chunk, P shed it, D allocated its blocks, D shed it
-CHUNK, DONE, P_SHED, ALLOC, D_SHED = _codes(6)[1:]
+# last chunk, P shed it, D allocated its blocks, D shed it; then the edge's: a queue TTL
+# runs out, a client's timeout, a client's retry (routed as an arrival)
+CHUNK, DONE, P_SHED, ALLOC, D_SHED, EXPIRE, TIMEOUT, RETRY = _codes(9)[1:]
 # heap rows (int64); the time is ClusterState.heap_t
 H_KIND, H_SEQ, H_RID, H_COMPUTED = _codes(4)
 # what a cluster kernel call stopped at
@@ -77,6 +96,7 @@ CL_DRAINED, CL_AT_ROUTE, CL_AT_DECISION, CL_NEED_ROOM, CL_STUCK, CL_GROW, CL_BAD
 # ROLE codes (as cbgym.cluster.routing.ROLE_CODES)
 UNIFIED, PREFILL, DECODE = _codes(3)
 ROUTE_FIELDS = 3  # ClusterState.route: prefill (-1: none), decode, chunk cap
+HEAP_MARGIN = 8  # heap entries one pass of the loop may add besides an instance's outbox
 
 
 class LinkState(NamedTuple):
@@ -108,7 +128,7 @@ class ClusterState(NamedTuple):
     cf: np.ndarray
     si: np.ndarray
     sf: np.ndarray
-    arrival: np.ndarray  # (n,) trace arrivals
+    arrival: np.ndarray  # (N_ORIG,) trace arrivals (the rows below: n slots, retries after)
     prompt: np.ndarray  # (n,)
     output: np.ndarray  # (n,) true output lengths (delivered to D; never routed on)
     ttft: np.ndarray  # (n,) SLO targets
@@ -123,6 +143,7 @@ class ClusterState(NamedTuple):
     loads: np.ndarray  # (len(LOAD_FIELDS), N) the last load report
     live: np.ndarray  # (len(LOAD_FIELDS), N) scratch: loads taken now
     route: np.ndarray  # (ROUTE_FIELDS,) the last compiled route
+    jitter: np.ndarray  # (n,) a uniform draw in [0, 1) per request slot: its retry's jitter
     link: LinkState
 
 

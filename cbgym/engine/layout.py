@@ -73,9 +73,10 @@ LOCAL, REMOTE_NEW, REMOTE_PENDING, REMOTE_READY = _codes(4)
 # shed reasons (Decision.shed_reason strings), numbered by the Engine as they appear.
 REASONS = ("", "kv_reservation_exceeds_capacity", "prompt_exceeds_max_model_len",
            "prompt_exceeds_kv_capacity", "prompt_exceeds_token_budget", "kv_capacity_exceeded",
-           "max_model_len", "shed_by_agent", "shed_by_policy")
+           "max_model_len", "shed_by_agent", "shed_by_policy", "expired_queue_ttl",
+           "aborted_client_timeout")
 (R_RESERVATION, R_PROMPT_MML, R_PROMPT_KV, R_PROMPT_BUDGET, R_KV_EXCEEDED, R_MML,
- R_AGENT, R_POLICY) = _codes(9)[1:]
+ R_AGENT, R_POLICY, R_EXPIRED, R_ABORTED) = _codes(11)[1:]
 
 # With nothing running and every waiting request held back, time moves by this much per
 # idle tick; after MAX_IDLE_TICKS ticks in a row (1,000 simulated seconds) the run is stuck.
