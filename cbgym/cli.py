@@ -229,6 +229,9 @@ def _bench_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                      "disaggregated cluster always-disaggregate,dynamo,kairos")
     clu.add_argument("--tbt", type=_positive_float, default=None, metavar="S",
                      help="also require each request's worst gap between tokens <= S")
+    from cbgym.cli_tenants import add_options
+
+    add_options(p)
     run = p.add_argument_group("run and output")
     run.add_argument("--workers", type=_int_at_least(1), default=None, metavar="N",
                      help="worker processes; 1 runs everything in this process (default: "
@@ -294,9 +297,17 @@ def _cmd_bench(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
     from cbgym.bench import format_table, run_bench, write_outputs
 
     chosen = None
+    if args.noisy_neighbour:
+        from cbgym.cli_tenants import cmd_noisy_neighbour
+
+        return cmd_noisy_neighbour(args, parser, given_trace=args.trace is not None)
     if args.trace is None:
         name, chosen = _default_trace(args.download)
         args.trace = (name,)
+    if args.overload:
+        from cbgym.cli_tenants import cmd_overload
+
+        return cmd_overload(args, parser, chosen)
     if args.cluster is not None or args.routers is not None:
         from cbgym.cluster.cli_bench import cmd_cluster_bench
 
