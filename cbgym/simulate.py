@@ -199,6 +199,7 @@ def simulate(
         true_output_tokens=trace.output_tokens if pol.privileged else None,
         prompt_tokens=trace.prompt_tokens, arrival_s=trace.arrival_s,
         ttft_target_s=slo_arrays(slo, trace.slo_class)[0], priority=trace.priority,
+        slo_class=trace.slo_class,
     ))
     wall = time.perf_counter()
     # a static key runs inside the compiled loop: no Python call per decision

@@ -15,7 +15,7 @@ from cbgym.agents.base import view_from_decision_point
 from cbgym.agents.random_order import RandomOrder
 from cbgym.engine import Engine, EngineConfig, LinearCostModel, PolicyContext
 from cbgym.env.agents import EnvAgent, run_episode
-from cbgym.metrics import SLO
+from cbgym.metrics import SLO, SLOSpec, slo_arrays
 from cbgym.simulate import collect, run_engine
 from cbgym.workload.trace import Trace
 
@@ -58,14 +58,18 @@ def env_for(masked: bool, K: int = 100, **kw: object) -> gym.Env:
     return gym.make(env_id, trace=trace(), engine=config(), episode_requests=100, K=K, **kw)
 
 
-def fast_path_reference(window: Trace, name: str) -> tuple:
-    """simulate() and an every-iteration engine under the same policy (both fast path)."""
+def fast_path_reference(window: Trace, name: str, slo: SLOSpec | None = None) -> tuple:
+    """simulate() and an every-iteration engine under the same policy (both fast path), with
+    the env's SLO (policies scaled to the SLO horizon read its targets)."""
     cfg = config()
-    fast = cbgym.simulate(window, spec(name), engine=cfg, seed=0).requests
+    slo = slo or SLO()
+    fast = cbgym.simulate(window, spec(name), engine=cfg, seed=0, slo=slo).requests
     pol = make_policy(spec(name))
     eng = Engine(window, cfg, consult="every_iteration")
     pol.reset(PolicyContext(config=cfg, num_requests=len(window), seed=0,
-                            true_output_tokens=window.output_tokens if pol.privileged else None))
+                            true_output_tokens=window.output_tokens if pol.privileged else None,
+                            ttft_target_s=slo_arrays(slo, window.slo_class)[0],
+                            slo_class=window.slo_class))
     run_engine(eng, pol)
     return fast, collect(eng, SLO(), {}).requests
 
@@ -84,7 +88,7 @@ def test_env_agent_reproduces_fast_path(name: str, masked: bool) -> None:
     assert out["terminated"] == 1.0
     u = env.unwrapped
     got = u.episode_result().requests
-    fast, every = fast_path_reference(u.episode_trace, name)
+    fast, every = fast_path_reference(u.episode_trace, name, u.slo)
     assert fast["preemptions"].sum() > 0, "the scenario should exercise victims"
     assert u.engine.recorder.timeseries()[:, 2].max() <= u.K, "the queue must fit in K"
     for ref in (fast, every):

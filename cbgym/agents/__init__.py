@@ -14,6 +14,7 @@ oracle-srpt            least remaining work, evicting longer running requests   
 noisy-oracle:ACC       oracle-sjf on lengths shuffled among 1-ACC of requests      yes
 noisy-oracle-work:ACC  oracle-work on the same believed lengths                    yes
 <key policy>-aging:W   the key in seconds of work minus W x seconds waited         as base
+sjf-ctx-slo-aging:W    ... minus W x TTFT targets waited (also cb-sjf-work-)        no
 slo-edf                earliest TTFT deadline; sheds requests that cannot meet it  no
 priority               (priority, arrival), evicting the largest: vLLM's policy     no
 vtc                    the tenant with the least service so far (VTC, OSDI'24)     no

@@ -129,7 +129,8 @@ def demonstrate(env: object, policy: Policy, steps: int, gamma: float,
         policy.reset(PolicyContext(
             config=u.config, num_requests=len(trace), seed=seed + episode,  # type: ignore
             prompt_tokens=trace.prompt_tokens, arrival_s=trace.arrival_s,
-            ttft_target_s=u.ttft_target, priority=trace.priority))  # type: ignore[attr-defined]
+            ttft_target_s=u.ttft_target, priority=trace.priority,  # type: ignore[attr-defined]
+            slo_class=trace.slo_class))  # type: ignore[attr-defined]
         start, done, good = len(acts), False, 0.0
         while not done:
             dp = u.decision_point  # type: ignore[attr-defined]

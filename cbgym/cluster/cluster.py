@@ -138,7 +138,8 @@ class Cluster:
                 config=cfg, num_requests=n, seed=seed,
                 true_output_tokens=trace.output_tokens if pol.privileged else None,
                 prompt_tokens=trace.prompt_tokens, arrival_s=sent,
-                ttft_target_s=self.ttft, priority=trace.priority))
+                ttft_target_s=self.ttft, priority=trace.priority,
+                slo_class=trace.slo_class))
             keys = pol.static_keys()
             self.engines.append(Engine(trace, cfg, consult=pol.consult,
                                        record_iterations=record_iterations, keys=keys,

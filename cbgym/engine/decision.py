@@ -160,6 +160,8 @@ class PolicyContext:
     # every request's priority (lower first: the trace's ``priority`` column, else its SLO
     # class: Trace.priority)
     priority: np.ndarray | None = None
+    # every request's SLO class (with ``ttft_target_s``: each class's target)
+    slo_class: np.ndarray | None = None
 
 
 class Policy:

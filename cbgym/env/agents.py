@@ -93,9 +93,11 @@ class EnvAgent:
         """Start an episode: hand the policy its context (oracles: the privileged outputs)."""
         env = self.env
         true = env.privileged_episode_true_output_tokens() if self.policy.privileged else None
-        self.policy.reset(PolicyContext(config=env.config,
-                                        num_requests=len(env.episode_trace),
-                                        seed=self.seed, true_output_tokens=true))
+        trace = env.episode_trace
+        self.policy.reset(PolicyContext(config=env.config, num_requests=len(trace),
+                                        seed=self.seed, true_output_tokens=true,
+                                        ttft_target_s=getattr(env, "ttft_target", None),
+                                        priority=trace.priority, slo_class=trace.slo_class))
         self._plan, self._pos = [], 0
 
     # ------------------------------------------------------------------ acting
