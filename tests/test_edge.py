@@ -285,3 +285,84 @@ def test_littles_law_cap() -> None:
     assert AdmissionConfig.littles_law(0.1, 0.5).max_in_flight == 1
     assert ClientModel(jitter=0.0).backoff_s(3) == pytest.approx(1.6)
     assert ClientModel().backoff_s(20) == pytest.approx(30.0)  # capped
+
+
+# ------------------------------------------------------------------ disaggregated aborts
+class Fixed(Router):
+    """Request i takes routes[i % len(routes)] (at the door)."""
+
+    name, reads_loads = "fixed", False
+
+    def __init__(self, routes: list[Route]) -> None:
+        self.routes = routes
+
+    def route(self, rp):  # type: ignore[no-untyped-def]
+        return self.routes[rp.request_id % len(self.routes)]
+
+
+def tick_engine(tick: float, budget: int = 4096) -> EngineConfig:
+    return EngineConfig(preset=None, cost_model=LinearCostModel(tick, 0.0, 0.0),
+                        num_kv_blocks=1000, block_size=16, kv_bytes_per_token=1000,
+                        max_num_batched_tokens=budget, max_num_seqs=8)
+
+
+def drained_clean(c: Cluster) -> None:
+    for e in c.engines:
+        assert e.state.si[L.FREE] == e.kv.num_blocks and (e.state.req[L.HELD] == 0).all()
+    assert (c.kv_out == 0).all() and (c.incoming == 0).all()
+
+
+def test_an_abort_after_p_finished_frees_p_s_copy_once() -> None:
+    """Pipelined: A's client leaves while P's iteration finishing A's prefill runs; then B,
+    deflected on D, times out before D steps: P's copy of A is freed exactly once."""
+    cfg = ClusterConfig((Pool("prefill", 1, tick_engine(0.05)), Pool("decode", 1,
+                                                                      tick_engine(0.1))),
+                        LinkConfig(nic_gbps=10.0, mode="pipelined"), load_report_interval_s=0)
+    tr = Trace.from_arrays(np.array([0.0, 0.001]), np.array([160, 16]), np.array([50, 1000]),
+                           name="df")
+    c = Cluster(tr, cfg, Fixed([Route.disaggregate(0, 1), Route.deflect(1)]),
+                local_policies("fcfs", 2), audit=True,
+                client=ClientModel(timeout_s=0.04, timeout_on="completion", max_retries=0))
+    c.run()
+    drained_clean(c)
+
+
+@pytest.mark.parametrize("mode", ["pipelined", "bulk"])
+def test_an_aborted_request_moves_no_kv(mode: str) -> None:
+    """Killed on P mid-prefill (pipelined: the chunk of that iteration sends nothing), or on
+    D with its transfer in flight (bulk: the landing frees P's copy, D keeps nothing)."""
+    if mode == "pipelined":
+        cfg = ClusterConfig((Pool("prefill", 1, tick_engine(0.05, 1024)),
+                             Pool("decode", 1, tick_engine(0.1))),
+                            LinkConfig(nic_gbps=1.0, mode="pipelined"), load_report_interval_s=0)
+        tr = Trace.from_arrays(np.array([0.0]), np.array([3000]), np.array([50]), name="ph")
+        routes, timeout = [Route.disaggregate(0, 1)], 0.04
+    else:
+        cfg = ClusterConfig((Pool("prefill", 1, tick_engine(0.01)),
+                             Pool("decode", 1, tick_engine(0.1))),
+                            LinkConfig(nic_gbps=1.0, setup_s=0.0), load_report_interval_s=0)
+        tr = Trace.from_arrays(np.array([0.0, 0.0]), np.array([16, 160]), np.array([1000, 50]),
+                               name="d")
+        routes, timeout = [Route.deflect(1), Route.disaggregate(0, 1)], 0.1005
+    c = Cluster(tr, cfg, Fixed(routes), local_policies("fcfs", 2), audit=True,
+                client=ClientModel(timeout_s=timeout, max_retries=0))
+    c.run()
+    drained_clean(c)
+    if mode == "pipelined":
+        assert c.transfer_bytes[0] == 0
+
+
+def test_a_queue_ttl_still_expires_a_request_its_client_left_running() -> None:
+    adm = AdmissionConfig(queue_ttl_s=0.5)
+    client = backoff(timeout_s=0.1, max_retries=0, on_abandon="leave")
+    req = serve(two(), one_slot(), "round-robin", admission=adm, client=client).requests
+    late = req.loc[1]
+    assert late["outcome"] == "abandoned" and late["reason"] == "expired_queue_ttl"
+    assert 0.6 <= late["finish_s"] < 0.6 + TICK + 1e-9 and np.isnan(late["first_scheduled_s"])
+
+
+@pytest.mark.parametrize("policy", ["least-slack", "sjf-ctx-aging:1", "oracle-sjf-aging:1"])
+def test_static_keys_rank_a_retry_by_its_request_s_first_send(policy: str) -> None:
+    res = serve(two(), one_slot(), "round-robin", policy=policy,
+                admission=AdmissionConfig(max_in_flight=1), client=backoff(max_retries=4))
+    assert res.clients["outcome"].tolist() == ["good", "late"]

@@ -16,7 +16,7 @@ import math
 
 import numpy as np
 
-from cbgym.cluster.events import push, read_outbox
+from cbgym.cluster.events import outbox_event, push
 from cbgym.cluster.state import (
     ABORT,
     ACTIVE,
@@ -136,9 +136,11 @@ def holder(C: ClusterState, rid: int) -> int:
 @no_alloc_kernel
 def kill(C: ClusterState, S: State, i: int, rid: int, code: int) -> None:
     """End ``rid`` on instance ``i`` now (at i's clock) with reason ``code``; its other
-    instance learns it through i's outbox, read at once."""
+    instance learns it through the event of i's outbox entry, pushed at once (only its own:
+    entries the cluster left there after its own drops are never read)."""
     s = instance(S, i)
     status = s.req[L.STATUS, rid]
+    before = s.si[L.OUTBOX_N]
     if status == L.PENDING:  # delivered, not yet taken into i's queue
         release(s, rid)
         end(s, rid, L.SHED, s.sf[L.NOW], code)
@@ -151,7 +153,9 @@ def kill(C: ClusterState, S: State, i: int, rid: int, code: int) -> None:
     s.si[L.PLAN_VALID] = 0
     s.si[L.IDLED] = 0
     C.inst[ACTIVE, i] = 1
-    read_outbox(C, s, i)
+    if s.si[L.OUTBOX_N] > before:  # (its entry, the last: handled now)
+        outbox_event(C, s, i, rid)
+        s.si[L.OUTBOX_N] = before
 
 
 @no_alloc_kernel
@@ -179,6 +183,9 @@ def on_timeout(C: ClusterState, S: State, rid: int, t: float) -> None:
     retried."""
     if C.req[OUTCOME, rid] != O_NONE:
         return
+    d0 = C.req[DECODE_I, rid]
+    if C.req[PREFILL_I, rid] >= 0 and S.req[d0, L.STATUS, rid] == L.SHED:
+        return  # D answered with an error already
     i = holder(C, rid)
     s = instance(S, i)
     status = s.req[L.STATUS, rid]
@@ -201,14 +208,19 @@ def on_timeout(C: ClusterState, S: State, rid: int, t: float) -> None:
 def on_expire(C: ClusterState, S: State, rid: int, t: float) -> None:
     """``rid``'s queue TTL runs out at ``t``: if it still waits for its first scheduling
     on the instance that computes its prompt, it expires (503) and its client may retry."""
-    if C.req[OUTCOME, rid] != O_NONE:
+    if C.req[OUTCOME, rid] == O_REJECTED or C.req[OUTCOME, rid] == O_EXPIRED:
         return
     p = C.req[PREFILL_I, rid]
+    if p >= 0 and S.req[C.req[DECODE_I, rid], L.STATUS, rid] == L.SHED:
+        return  # D answered with an error already
     i = p if p >= 0 else C.req[DECODE_I, rid]
     s = instance(S, i)
     status = s.req[L.STATUS, rid]
     if status != L.PENDING and not (
             status == L.WAITING and math.isnan(s.times[L.FIRST_SCHEDULED, rid])):
+        return
+    if C.req[OUTCOME, rid] == O_ABANDONED:  # (its client left it running: no one to answer)
+        kill(C, S, i, rid, L.R_EXPIRED)
         return
     C.req[OUTCOME, rid] = O_EXPIRED
     C.times[CLIENT_END, rid] = t

@@ -78,16 +78,20 @@ def pop(C: ClusterState) -> None:
 
 
 @no_alloc_kernel
+def outbox_event(C: ClusterState, s: State, i: int, rid: int) -> None:
+    """Push the event instance i's outbox entry for ``rid`` stands for, at its time."""
+    t = s.times[L.KV_EVENT, rid]
+    status = s.req[L.STATUS, rid]
+    if C.inst[ROLE, i] == PREFILL:
+        kind = P_SHED if status == L.SHED else DONE if status == L.FINISHED else CHUNK
+        push(C, t, kind, rid, s.req[L.COMPUTED, rid])
+    else:
+        push(C, t, D_SHED if status == L.SHED else ALLOC, rid, 0)
+
+
+@no_alloc_kernel
 def read_outbox(C: ClusterState, s: State, i: int) -> None:
     """Turn instance i's outbox into events at the times they happened."""
-    prefill = C.inst[ROLE, i] == PREFILL
     for k in range(s.si[L.OUTBOX_N]):
-        rid = s.ids[L.OUTBOX, k]
-        t = s.times[L.KV_EVENT, rid]
-        status = s.req[L.STATUS, rid]
-        if prefill:
-            kind = P_SHED if status == L.SHED else DONE if status == L.FINISHED else CHUNK
-            push(C, t, kind, rid, s.req[L.COMPUTED, rid])
-        else:
-            push(C, t, D_SHED if status == L.SHED else ALLOC, rid, 0)
+        outbox_event(C, s, i, s.ids[L.OUTBOX, k])
     s.si[L.OUTBOX_N] = 0

@@ -73,7 +73,7 @@ def prefill_progress(C: ClusterState, S: State, rid: int, t: float, computed: in
         C.times[PREFILL_DONE, rid] = t
         C.inst[KV_OUT, p] += 1
     r[READY, rid] = computed
-    if r[DROPPED, rid]:
+    if r[DROPPED, rid] or S.req[p, L.STATUS, rid] == L.SHED:  # (shed by the edge, P_SHED pending)
         if done and r[INFLIGHT, rid] == 0:
             free_prefill(C, S, rid)
         return
@@ -112,6 +112,8 @@ def allocated_on_decode(C: ClusterState, S: State, rid: int, t: float) -> None:
 def decode_shed(C: ClusterState, S: State, rid: int) -> None:
     """D shed ``rid``: P's copy is freed once its prefill is done and nothing is in flight
     (at once, unless its KV had landed already: P freed it then)."""
+    if C.req[DROPPED, rid]:
+        return  # (dropped already, from P's side: that side frees P's copy)
     C.req[DROPPED, rid] = 1
     if C.req[P_DONE, rid] and C.req[INFLIGHT, rid] == 0 and np.isnan(C.times[T_END, rid]):
         free_prefill(C, S, rid)
@@ -158,6 +160,10 @@ def landed(C: ClusterState, S: State, tid: int, t: float) -> None:
     if not complete:
         return
     d = r[DECODE_I, rid]
+    if S.req[d, L.STATUS, rid] == L.SHED:  # (killed by the edge, its D_SHED pending)
+        free_prefill(C, S, rid)
+        C.times[T_END, rid] = t
+        return
     C.times[T_END, rid] = t
     if C.ci[AUDIT]:
         p = r[PREFILL_I, rid]
