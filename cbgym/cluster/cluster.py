@@ -124,11 +124,15 @@ class Cluster:
         self.trace, self.config, self.router = trace, config, router
         self.slo = slo or SLO()
         self.ttft, self.tpot = slo_arrays(self.slo, trace.slo_class)
-        # when each request was sent (a retry: when its client sent it again); what local
-        # policies see as its arrival at the cluster
+        # when each request was sent (a retry: when its client sent it again, NaN before)
         self._times = np.full((K.NUM_CTIME, n), np.nan)
         self._times[K.SENT_S, : self.num_offered] = trace.arrival_s[: self.num_offered]
-        sent = self._times[K.SENT_S] if self.edge else trace.arrival_s
+        # what local policies see as a request's arrival: a retry carries its request's first
+        # send (its client's deadline runs from there; a static key is fixed before any
+        # retry is sent)
+        sent = trace.arrival_s
+        if self.edge and n > self.num_offered:
+            sent = np.tile(trace.arrival_s[: self.num_offered], n // self.num_offered)
         self.role = np.array([ROLE_CODES[r] for r in config.roles], np.int64)
         self.policies = policies
         self.S = self._batched(trace, config)
@@ -145,7 +149,10 @@ class Cluster:
                                        record_iterations=record_iterations, keys=keys,
                                        victim_by_key=pol.victim_by_key and keys is not None,
                                        routed=True, state=K.view(self.S, i), itl_p99=itl_p99))
-        self._show_sent_times()
+        if self.edge:
+            for eng in self.engines:
+                eng._trace_arrival = np.ascontiguousarray(sent)
+                eng._views = eng._make_views()
         # one numbering of shed reasons for the whole cluster: an instance ends a request
         # with the code its peer shed it with
         reasons = self.engines[0]._reasons
@@ -171,14 +178,6 @@ class Cluster:
                                        ttft_target_s=float(np.min(self.ttft)) if n else 0.0,
                                        tpot_target_s=float(np.min(self.tpot)) if n else 0.0,
                                        num_requests=n))
-
-    def _show_sent_times(self) -> None:
-        """With an edge, each instance's policy sees a request's arrival as when its client
-        sent it (a retry's send time is known only when it is sent: a view of the row)."""
-        if self.edge:
-            for eng in self.engines:
-                eng._trace_arrival = self._times[K.SENT_S]  # (C.times itself)
-                eng._views = eng._make_views()
 
     @staticmethod
     def _batched(trace: Trace, config: ClusterConfig) -> L.State:
@@ -259,7 +258,6 @@ class Cluster:
             st = eng.__getstate__()
             st["state"] = K.view(self.S, i)
             eng.__setstate__(st)
-        self._show_sent_times()
         self._bind()
 
     # ------------------------------------------------------------------ the loop
