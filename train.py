@@ -43,6 +43,7 @@ import numpy as np
 import cbgym
 from cbgym import SLO, EngineConfig, Trace
 from cbgym.agents.learned import META_KEY, LearnedPolicy
+from cbgym.metrics import SLOSpec, slo_to_dict
 
 
 @dataclass
@@ -252,9 +253,11 @@ def with_task(args: Args) -> Args:
 
     t = get(args.task)
     load = t.train_load if isinstance(t.train_load, tuple) else (t.train_load,)
+    # (a task with SLO classes keeps its map: run_slo)
+    slo = {"ttft_slo": t.slo.ttft_s, "tpot_slo": t.slo.tpot_s} if isinstance(t.slo, SLO) \
+        else {}
     return dataclasses.replace(args, trace=t.trace, engine=t.engine, load=tuple(load),
-                               eval_windows=t.test_windows,
-                               ttft_slo=t.slo.ttft_s, tpot_slo=t.slo.tpot_s,
+                               eval_windows=t.test_windows, **slo,
                                episode_requests=t.episode_requests, train_fraction=t.splits[0],
                                eval_loads=(t.test_load,),
                                shed_rule=t.env.get("shed_rule", "late"),
@@ -303,7 +306,7 @@ def env_kwargs(args: Args, trace: Trace, engine: EngineConfig, mu: float) -> dic
         "trace": trace, "load": load, "engine": engine,
         "episode_requests": args.episode_requests,
         "window_start_range": (0, split_index(args, trace)),
-        "slo": SLO(args.ttft_slo, args.tpot_slo), "K": args.K, "R": args.R,
+        "slo": run_slo(args), "K": args.K, "R": args.R,
         "window_rule": args.window_rule, "hold_threshold": args.hold_threshold,
         "shed_threshold": args.shed_threshold, "shed_rule": args.shed_rule,
         "admission_cap": args.admission_cap, "ttft_miss_weight": args.ttft_miss_weight,
@@ -317,13 +320,24 @@ def env_kwargs(args: Args, trace: Trace, engine: EngineConfig, mu: float) -> dic
     return kwargs
 
 
+def run_slo(args: Args) -> SLOSpec:
+    """The run's SLO: its task's (one SLO, or one per SLO class), else the flags'."""
+    if args.task:
+        from cbgym.tasks import get
+
+        slo = get(args.task).slo
+        if not isinstance(slo, SLO):
+            return slo
+    return SLO(args.ttft_slo, args.tpot_slo)
+
+
 def model_meta(args: Args) -> dict[str, Any]:
     """What the ``learned`` policy needs to rebuild the env's view (saved inside the zip)."""
     return {
         "algo": "maskable_ppo" if is_masked(args) else "ppo", "env_id": args.env_id,
         "window_rule": args.window_rule, "hold_threshold": args.hold_threshold,
         "shed_threshold": args.shed_threshold, "shed_rule": args.shed_rule,
-        "slo": {"ttft_s": args.ttft_slo, "tpot_s": args.tpot_slo}, "engine": args.engine,
+        "slo": slo_to_dict(run_slo(args)), "engine": args.engine,
         "trace": args.trace, "train_fraction": args.train_fraction, "task": args.task,
     }
 
@@ -393,7 +407,7 @@ class HeldOutEval:
 
     def __init__(self, args: Args, trace: Trace, engine: EngineConfig, mu: float) -> None:
         self.args, self.trace, self.engine, self.mu = args, trace, engine, mu
-        self.slo = SLO(args.ttft_slo, args.tpot_slo)
+        self.slo = run_slo(args)
         self.starts = eval_starts(args, trace)
         self.baselines = {p: self._score(p) for p in args.eval_baselines}
 
@@ -412,7 +426,7 @@ class HeldOutEval:
         return {"split": "validation" if self.args.task else "held-out",
                 "windows": self.starts, "loads": list(self.args.eval_loads),
                 "episode_requests": self.args.episode_requests,
-                "slo": {"ttft_s": self.args.ttft_slo, "tpot_s": self.args.tpot_slo},
+                "slo": slo_to_dict(self.slo),
                 "summary": summarize(results), "per_window": results}
 
 

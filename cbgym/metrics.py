@@ -58,6 +58,31 @@ def slo_arrays(slo: SLOSpec, slo_class: np.ndarray) -> tuple[np.ndarray, np.ndar
     return ttft, tpot
 
 
+def slo_to_dict(slo: SLOSpec) -> dict[str, Any]:
+    """An SLO (or a class map) as JSON-friendly data: ``{"ttft_s", "tpot_s"[, "tbt_s"]}``, or
+    ``{"classes": {"0": {...}, ...}}``; :func:`slo_from_dict` reads it back."""
+    def one(x: SLO) -> dict[str, Any]:
+        d: dict[str, Any] = {"ttft_s": x.ttft_s, "tpot_s": x.tpot_s}
+        if x.tbt_s is not None:
+            d["tbt_s"] = x.tbt_s
+        return d
+
+    if isinstance(slo, SLO):
+        return one(slo)
+    return {"classes": {str(int(c)): one(x) for c, x in slo.items()}}
+
+
+def slo_from_dict(data: Mapping[str, Any]) -> SLOSpec:
+    """The SLO :func:`slo_to_dict` wrote (a malformed entry: a ValueError naming it)."""
+    try:
+        if "classes" in data:
+            return {int(c): SLO(**x) for c, x in data["classes"].items()}
+        return SLO(**data)
+    except (TypeError, ValueError, AttributeError) as exc:
+        raise ValueError(f"SLO data {dict(data)!r}: expected {{'ttft_s', 'tpot_s'}} or "
+                         f"{{'classes': {{class: {{...}}}}}} ({exc})") from None
+
+
 def tpot(first_token_s: np.ndarray, finish_s: np.ndarray, output_tokens: np.ndarray) -> np.ndarray:
     """Time per output token after the first: (finish - first token) / (output - 1); 0 if one."""
     return np.where(

@@ -25,6 +25,10 @@ def test_splits_are_disjoint_and_test_windows_stay_inside(name: str) -> None:
     task = get(name)
     for n in (2_000, 19_366, 100_000):
         r = task.ranges(n)
+        if r["test"][1] - r["test"][0] < task.episode_requests:  # (too short: refused)
+            with pytest.raises(ValueError, match="cannot hold"):
+                task.starts(n)
+            continue
         assert r["train"][0] == 0 and r["test"][1] == n
         assert r["train"][1] == r["validation"][0] and r["validation"][1] == r["test"][0]
         lo, hi = r["test"]

@@ -25,7 +25,10 @@ from typing import Any
 import numpy as np
 
 from cbgym.engine.decision import Decision, DecisionPoint, Policy, PolicyContext
-from cbgym.metrics import SLO, slo_arrays
+from cbgym.env.tenant_obs import FEATURES as TENANT_FEATURES
+from cbgym.env.tenant_obs import KEY as TENANT_KEY
+from cbgym.env.tenant_obs import tenant_obs
+from cbgym.metrics import SLO, slo_arrays, slo_from_dict
 
 # NOTE: cbgym.env imports cbgym.agents (the output statistic), so the env's encoder and
 # decoder are imported where they are used, not here (a circular import otherwise).
@@ -156,7 +159,7 @@ class LearnedPolicy(Policy):
         # on cbgym/Scheduling-v0, the default task: decode with that task's env settings
         self.meta = {**DEFAULT_META, **(_default_task_meta() if cap and not saved else {}),
                      **saved}
-        self.slo = SLO(**self.meta["slo"])
+        self.slo = slo_from_dict(self.meta["slo"])
 
     def reset(self, ctx: PolicyContext) -> None:
         super().reset(ctx)
@@ -173,7 +176,12 @@ class LearnedPolicy(Policy):
         raw = ko.observe(dp.kernel_state, self._es, False,
                          none if chosen_w is None else np.ascontiguousarray(chosen_w),
                          none if chosen_r is None else np.ascontiguousarray(chosen_r))
-        return obs_dict(raw)[0]
+        obs = obs_dict(raw)[0]
+        space = getattr(self.model.observation_space, "spaces", {})
+        if TENANT_KEY in space:  # a model trained with tenant_features
+            T = space[TENANT_KEY].shape[0] // len(TENANT_FEATURES)
+            obs[TENANT_KEY] = tenant_obs(dp.kernel_state, np.asarray(dp.tenant), T)
+        return obs
 
     def _windows(self, dp: DecisionPoint) -> tuple[np.ndarray, np.ndarray]:
         """Fix the visible windows at ``dp`` as the env does; (waiting ids, running ids)."""

@@ -15,6 +15,7 @@ from gymnasium import spaces
 
 from cbgym.cluster.cluster import Cluster, local_policies
 from cbgym.cluster.config import ClusterConfig
+from cbgym.cluster.edge import AdmissionConfig, ClientModel
 from cbgym.cluster.routing import Route, RoutingPoint
 from cbgym.cluster.run import cluster_capacity, resolve_cluster
 from cbgym.cluster.tables import loads_array
@@ -132,7 +133,11 @@ instance with chunked prefill); a masked or malformed action raises
     ``cluster`` (a ClusterConfig or preset), ``trace``, ``episode_requests``, ``load``, ``slo``,
     ``policy`` (each instance's local policy), ``train_fraction``, ``allow_shed``,
     ``window_start_range``, ``capacity_rps`` (the load's reference; default: measured once by
-    saturation under the reference router).
+    saturation under the reference router), ``admission`` and ``client`` (the cluster's edge,
+    :mod:`cbgym.cluster.edge`). With a client model each retry is a step of its own (a new
+    arrival: its TTFT target counts from the request's first send), the shed route answers
+    429 (its client may retry), and the reward counts requests good as their clients see
+    them: an episode's return is the goodput of the offered requests.
 
     ## Version History
 
@@ -151,9 +156,16 @@ instance with chunked prefill); a masked or malformed action raises
                  slo: SLO | None = None, policy: str = "fcfs", train_fraction: float = 0.6,
                  allow_shed: bool = True,
                  window_start_range: tuple[int, int] | None = None,
-                 capacity_rps: float | None = None) -> None:
+                 capacity_rps: float | None = None, admission: AdmissionConfig | None = None,
+                 client: ClientModel | None = None) -> None:
         from cbgym.simulate import resolve_policy, resolve_trace
 
+        for name, value, kind in (("admission", admission, AdmissionConfig),
+                                  ("client", client, ClientModel)):
+            if value is not None and not isinstance(value, kind):
+                raise TypeError(f"{name}=: expected a {kind.__name__} or None, got "
+                                f"{type(value).__name__}")
+        self.admission, self.client = admission, client
         self.config = resolve_cluster(cluster)
         self.trace = resolve_trace(trace)
         if isinstance(episode_requests, bool) or not isinstance(episode_requests, int) \
@@ -211,7 +223,7 @@ instance with chunked prefill); a masked or malformed action raises
               ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         super().reset(seed=seed)
         self.cluster, start, load = self.new_episode(self.np_random, options or {})
-        window = self.cluster.trace
+        window = self.cluster.trace  # (with a client model: a slot per attempt)
         ttft, tpot = slo_arrays(self.slo, window.slo_class)
         self._targets = (ttft, tpot, tbt_targets(self.slo, window.slo_class))
         self._good = 0
@@ -271,7 +283,8 @@ instance with chunked prefill); a masked or malformed action raises
         cluster = Cluster(window, self.config, None,
                           local_policies(self.policy, self.config.num_instances),
                           slo=self.slo, seed=int(rng.integers(2**31)), eager=False,
-                          itl_p99=False)  # (its reward reads only the worst gap)
+                          itl_p99=False,  # (its reward reads only the worst gap)
+                          admission=self.admission, client=self.client)
         return cluster, start, load
 
     # ------------------------------------------------------------------ encoding
@@ -280,18 +293,27 @@ instance with chunked prefill); a masked or malformed action raises
         return self._last_obs
 
     def _count_good(self) -> int:
-        """Requests that have ended meeting the SLO, so far."""
+        """Requests that have ended meeting the SLO, so far: with a client model, as their
+        clients see them (an attempt its client did not abandon, its TTFT counted from the
+        request's first send: ``cbgym.cluster.edge_results``)."""
+        from cbgym.cluster import state as K
         from cbgym.cluster.results import merged_table
         from cbgym.engine import layout as L
         from cbgym.metrics import tpot
 
-        t = merged_table(self.cluster)  # type: ignore[arg-type]
+        c = self.cluster
+        assert c is not None
+        t = merged_table(c)
         ttft_t, tpot_t, tbt = self._targets
+        n0 = c.num_offered
+        first = t.arrival_s[np.arange(t.n) % n0] if t.n > n0 else t.arrival_s
         with np.errstate(invalid="ignore"):
-            ok = ((t.status == L.FINISHED) & (t.first_token_s - t.arrival_s <= ttft_t)
+            ok = ((t.status == L.FINISHED) & (t.first_token_s - first <= ttft_t)
                   & (tpot(t.first_token_s, t.finish_s, t.generated) <= tpot_t))
             if tbt is not None:
                 ok &= t.itl_max_s <= tbt
+            if c.edge:
+                ok &= c.C.req[K.OUTCOME] == K.O_NONE
         return int(ok.sum())
 
 

@@ -92,6 +92,10 @@ class ClusterVectorEnv(VectorEnv):
                              f"step limit (max_episode_steps={max_episode_steps!r})")
         if kwargs.pop("render_mode", None) is not None:
             raise ValueError("cbgym/Cluster-v0 does not render")
+        if kwargs.get("admission") is not None or kwargs.get("client") is not None:
+            raise NotImplementedError(
+                "ClusterVectorEnv: the native vector env has no edge yet (admission= and "
+                "client=); gym.make_vec builds a SyncVectorEnv of ClusterEnv for such tasks")
         self.proto = proto = ClusterEnv(**kwargs)  # the arguments' checks, spaces, routes
         proto.capacity()  # measured once, shared by every env
         self.num_envs, self.num_threads, self.copy = int(num_envs), num_threads, copy

@@ -33,6 +33,8 @@ from cbgym.env.episode import Episode
 from cbgym.env.observation import observation_space
 from cbgym.env.render import render_rgb, render_text
 from cbgym.env.reward import COMPONENTS, RewardWeights, StepOutcome
+from cbgym.env.tenant_obs import KEY as TENANT_KEY
+from cbgym.env.tenant_obs import check_tenant_features, tenant_obs, tenant_space
 from cbgym.metrics import SLO, SimulationResult, SLOSpec, slo_arrays
 from cbgym.workload.trace import Trace
 
@@ -238,6 +240,8 @@ class SchedulingEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
     | invalid_action     | "stop" (masked)  | masked variant, on a masked or malformed      |
     |                    |                  | action: "stop" (acts as STOP), "noop", "raise"|
     | render_mode        | None             | "ansi" (text) or "rgb_array" (96x192x3 uint8) |
+    | tenant_features    | 0                | T > 0: observe tenants 0..T-1's fairness       |
+    |                    |                  | counters (``waiting_tenants``: tenant_obs)     |
 
     A step is one call of the compiled kernel (:mod:`cbgym.env.kernel_ops`: the decision, the
     engine iterations up to the next decision point, the reward and the observation). The
@@ -297,6 +301,7 @@ class SchedulingEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
         masked: bool = False,
         invalid_action: Literal["stop", "noop", "raise"] = "stop",
         render_mode: str | None = None,
+        tenant_features: int = 0,
     ) -> None:
         if invalid_action not in ("stop", "noop", "raise"):
             raise ValueError(f"invalid_action={invalid_action!r}: expected 'stop', 'noop' "
@@ -333,6 +338,10 @@ class SchedulingEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
             spaces.Discrete(K + R + 1) if masked
             else spaces.Box(-1.0, 1.0, (self.layout.size,), np.float32))
         self.observation_space = observation_space(K, R)
+        self.tenant_features = check_tenant_features(tenant_features)
+        if self.tenant_features:  # (cbgym.env.tenant_obs: after the other keys)
+            self.observation_space = spaces.Dict({
+                **self.observation_space.spaces, TENANT_KEY: tenant_space(self.tenant_features)})
         self._sim: Episode | None = None
         self._started = False
         self._episode: Trace | None = None
@@ -499,6 +508,10 @@ class SchedulingEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
         ms, sim = self._micro, self._sim
         assert sim is not None
         obs, waited = sim.observe(ms.chosen_w if ms else None, ms.chosen_r if ms else None)
+        if self.tenant_features:
+            assert self._episode is not None
+            obs = {**obs, TENANT_KEY: tenant_obs(sim.engine.state, self._episode.tenant,
+                                                 self.tenant_features)}
         iterations = 0
         if outcome is not None:
             iteration = sim.engine.iteration

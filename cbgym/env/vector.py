@@ -138,6 +138,10 @@ class SchedulingVectorEnv(VectorEnv):
 
     def _single_env(self, kwargs: dict[str, Any]) -> SchedulingEnv:
         """The argument checks, spaces and trace of one env (never stepped)."""
+        if kwargs.get("tenant_features"):
+            raise NotImplementedError(
+                "the native vector env has no tenant_features yet (its compiled step writes "
+                "the observation); gym.make_vec builds a SyncVectorEnv for such tasks")
         return SchedulingEnv(**kwargs)
 
     # ------------------------------------------------------------------ setup

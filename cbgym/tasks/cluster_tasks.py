@@ -16,12 +16,14 @@ from typing import Any
 
 import numpy as np
 
+from cbgym.cluster.edge import AdmissionConfig, ClientModel
 from cbgym.cluster.routing import Router
 from cbgym.metrics import SLO
 from cbgym.tasks.evaluate import RANDOM, Evaluation, window_rows
 from cbgym.tasks.registry import Task
 
 BALANCERS = ("round-robin", "random", "least-outstanding", "jsq-tokens", "power-of-two")
+OVERLOAD_CAPS = ("inflight-cap:100", "inflight-cap:150", "inflight-cap:200", "inflight-cap:300")
 RULES = ("always-disaggregate", "never-disaggregate", "dynamo", "llm-d", "kairos",
          "kairos-transfer", *BALANCERS)
 
@@ -41,6 +43,10 @@ class ClusterTask:
     test_windows: int = 5
     load_report_interval_s: float = 0.1
     references: tuple[str, ...] = RULES
+    # the cluster's edge (cbgym.cluster.edge): clients that time out and retry; admission
+    # control is the router's to do (its shed route answers 429)
+    admission: AdmissionConfig | None = None
+    client: ClientModel | None = None
 
     # the same splits and windows as the single-instance tasks
     ranges = Task.ranges
@@ -58,10 +64,12 @@ class ClusterTask:
 
     def env_kwargs(self, num_requests: int, split: str = "train") -> dict[str, Any]:
         """``ClusterEnv`` arguments for episodes drawn from ``split``."""
+        edge = {k: v for k, v in (("admission", self.admission), ("client", self.client))
+                if v is not None}
         return {"cluster": self.cluster_config(), "trace": self.trace,
                 "episode_requests": self.episode_requests, "slo": self.slo,
                 "load": self.train_load if split == "train" else self.test_load,
-                "window_start_range": self.ranges(num_requests)[split]}
+                "window_start_range": self.ranges(num_requests)[split], **edge}
 
 
 CLUSTER_TASKS = {t.name: t for t in (
@@ -80,6 +88,18 @@ CLUSTER_TASKS = {t.name: t for t in (
                 "2x:llama-3.1-8b/a100-80gb+2x:llama-3.1-8b/h100-80gb",
                 train_load=(2.0, 3.0), test_load=2.5, slo=SLO(0.5, 0.05), test_windows=8,
                 references=BALANCERS),
+    # overload with retries: two replicas offered 2.5x their capacity by clients that give
+    # up after 10 s without a first token, retry up to 3 times (0.2 s base, x2, +-25%) and
+    # leave abandoned requests running. Without shedding goodput collapses (round-robin:
+    # 30 of 1,024 on validation windows); the agent's shed route answers 429. The
+    # admission caps (inflight-cap:N, a 429 once the replicas hold N requests) were swept
+    # on validation windows: 150-200 is best (558-560)
+    ClusterTask("conv-2x-overload-retries", "azure-conv-2023", "2x:llama-3.1-8b/a100-80gb",
+                train_load=(1.5, 3.0), test_load=2.5, slo=SLO(2.0, 0.1),
+                episode_requests=1024,
+                references=("round-robin", "least-outstanding", "jsq-tokens",
+                            *OVERLOAD_CAPS),
+                client=ClientModel(timeout_s=10.0, max_retries=3, on_abandon="leave")),
 )}
 DEFAULT_CLUSTER_TASK = "code-2p2d-deflection"
 
@@ -120,7 +140,19 @@ def make_cluster_vector_env(num_envs: int = 1, task: str = DEFAULT_CLUSTER_TASK,
 
     vector = {k: kwargs.pop(k) for k in ("autoreset_mode", "num_threads", "copy",
                                           "max_episode_steps") if k in kwargs}
-    return ClusterVectorEnv(num_envs=num_envs, **vector, **_task_env_kwargs(task, kwargs))
+    env_kwargs = _task_env_kwargs(task, kwargs)
+    if env_kwargs.get("admission") is not None or env_kwargs.get("client") is not None:
+        # (the native env's compiled step has no edge yet: clients' retries and their
+        # client-side reward are the Python env's)
+        import gymnasium as gym
+
+        from cbgym.env.cluster_env import ClusterEnv
+        from cbgym.env.sync_vector import SyncTaskVectorEnv
+
+        mode = vector.get("autoreset_mode", gym.vector.AutoresetMode.NEXT_STEP)
+        return SyncTaskVectorEnv([lambda: ClusterEnv(**env_kwargs)] * num_envs,
+                                 autoreset_mode=mode)
+    return ClusterVectorEnv(num_envs=num_envs, **vector, **env_kwargs)
 
 
 class ClusterEvaluation(Evaluation):
@@ -177,7 +209,8 @@ def _routed(t: ClusterTask, router: str | Router, trace: Any, starts: list[int],
 
     return window_rows(serve(scale_to_load(trace.window(start, t.episode_requests),
                                            t.test_load, cfg.engines[0], capacity_rps=mu),
-                             cfg, router, seed=seed, slo=t.slo).summary() for start in starts)
+                             cfg, router, seed=seed, slo=t.slo, admission=t.admission,
+                             client=t.client).summary() for start in starts)
 
 
 def _random_routes(t: ClusterTask, trace: Any, starts: list[int], mu: float, seed: int,
@@ -198,7 +231,7 @@ def _random_routes(t: ClusterTask, trace: Any, starts: list[int], mu: float, see
         from cbgym.cluster.results import cluster_result
 
         s = cluster_result(env.cluster, {}).summary()  # type: ignore[arg-type]
-        good.append(ret)
+        good.append(ret)  # (the env's return: its goodput, as clients see it)
         att.append(ret / t.episode_requests)
         p99.append(s["ttft_p99"])
     return np.array(good, float), np.array(att), np.array(p99)

@@ -146,11 +146,12 @@ def _simulated(t: Task, policy: str, trace: object, starts: list[int], engine: o
 
 def window_rows(summaries: Iterable[dict[str, float]]) -> tuple[np.ndarray, np.ndarray,
                                                                 np.ndarray]:
-    """(goodput, SLO attainment, p99 TTFT) per window, from each window run's summary."""
+    """(goodput, SLO attainment, p99 TTFT) per window, from each window run's summary (a
+    run with a client model counts its offered requests good as their clients see them)."""
     good, att, p99 = [], [], []
     for s in summaries:
         att.append(s["slo_attainment"])
-        good.append(round(s["slo_attainment"] * s["num_requests"]))
+        good.append(s["good"] if "good" in s else round(s["slo_attainment"] * s["num_requests"]))
         p99.append(s["ttft_p99"])
     return np.array(good, float), np.array(att), np.array(p99)
 

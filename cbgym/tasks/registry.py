@@ -17,6 +17,7 @@ made (``CBGYM_TRACE_DIR`` or the user cache), not at import.
 | code-vllm-bursty | azure-code-2023 | llama-2-7b/a100-80gb | 0.6-1.0 | 0.8 | 3 s / 0.1 s |
 | conv-study-interactive | azure-conv-2023 | cbsjf-paper | 1.0-1.6 | 1.3 | 0.5 s / 0.1 s |
 | conv-vllm-kv-pressure | azure-conv-2023 | llama-2-13b/a100-40gb | 1.6-2.8 | 2.5 | 1 s / 0.1 s |
+| tenants-noisy-neighbour | tenants-conv-code-2023 | llama-3.1-8b/a100-80gb | 1.0-1.4 | 1.2 | tier |
 
 The code trace's test range (2,646 requests) holds 5 non-overlapping 512-request windows, so
 its tasks have 5 test windows (the conv tasks 8). ``cbgym/Scheduling-v0`` and
@@ -36,7 +37,8 @@ from typing import Any
 
 import numpy as np
 
-from cbgym.metrics import SLO
+from cbgym.metrics import SLO, SLOSpec
+from cbgym.workload.tenants import tier_slos
 
 __all__ = ["DEFAULT_TASK", "TASKS", "Task", "get"]
 
@@ -61,7 +63,7 @@ class Task:
     engine: str
     train_load: float | tuple[float, float]
     test_load: float
-    slo: SLO
+    slo: SLOSpec
     episode_requests: int = 512
     splits: tuple[float, float] = (0.6, 0.7)
     test_windows: int = 8
@@ -151,6 +153,15 @@ TASKS: Mapping[str, Task] = MappingProxyType({task.name: task for task in (
          "16 tokens): tens to over a hundred preemptions a window, so victims matter too.",
          trace="azure-conv-2023", engine="llama-2-13b/a100-40gb", train_load=(1.6, 2.8),
          test_load=2.5, slo=SLO(ttft_s=1.0, tpot_s=0.1), env=TASK_ENV),
+    Task("tenants-noisy-neighbour",
+         "An interactive tenant (conversations, 450 ms / 40 ms) beside a batch tenant whose "
+         "prompts are twice as long (code, 30 s / 1 s) on one vLLM-style engine past "
+         "saturation: whom to admit, hold back or shed decides both tenants' goodput.",
+         trace="tenants-conv-code-2023", engine="llama-3.1-8b/a100-80gb",
+         train_load=(1.0, 1.4), test_load=1.2, slo=tier_slos(), episode_requests=1024,
+         env={**TASK_ENV, "tenant_features": 2},
+         references=("cb-sjf-work-shed:24", "priority", "strict-tiers", "vtc", "drr", "wfq",
+                     "least-slack", "cb-sjf-work-slo-aging:0.05")),
 )})
 
 
@@ -203,5 +214,13 @@ def make_vector_env(num_envs: int = 1, task: str = DEFAULT_TASK, masked: bool = 
     from cbgym.env.vector import SchedulingMaskedVectorEnv, SchedulingVectorEnv
 
     kwargs = _kwargs(task, masked, overrides)
+    if kwargs.get("tenant_features"):  # (the native env's compiled step has none yet)
+        from cbgym.env.sync_vector import SyncTaskVectorEnv
+
+        vector = {k: kwargs.pop(k) for k in ("autoreset_mode",) if k in kwargs}
+        for k in ("num_threads", "copy", "observation_mode"):
+            kwargs.pop(k, None)
+        return SyncTaskVectorEnv([lambda: make_env(task, masked, **kwargs)] * num_envs,
+                                 **vector)
     cls = SchedulingMaskedVectorEnv if masked else SchedulingVectorEnv
     return cls(num_envs=num_envs, **kwargs)

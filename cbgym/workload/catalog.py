@@ -41,6 +41,8 @@ __all__ = [
 
 TRACE_DIR_ENV = "CBGYM_TRACE_DIR"
 SYNTHETIC_NAMES = ("synthetic-conv", "synthetic-code")
+# traces built from catalogue traces: name -> (its parts, how they are combined)
+DERIVED = {"tenants-conv-code-2023": ("azure-conv-2023", "azure-code-2023")}
 _CHUNK = 1 << 20
 _TIMEOUT_S = 60.0
 _SPLITWISE = (
@@ -121,7 +123,7 @@ CATALOG: dict[str, TraceEntry] = {
 
 def known_names() -> list[str]:
     """Every name :func:`load_trace` accepts (catalogue and synthetic)."""
-    return [*CATALOG, *SYNTHETIC_NAMES]
+    return [*CATALOG, *SYNTHETIC_NAMES, *DERIVED]
 
 
 def default_cache_dir() -> Path:
@@ -291,7 +293,10 @@ def load_trace(
     """Load a trace by catalogue name or path, downloading public traces on first use.
 
     Resolution order: an existing file path; ``synthetic-conv``/``synthetic-code`` (generated,
-    default size); a catalogue name, looked for in each ``$CBGYM_TRACE_DIR`` directory, then
+    default size); a derived name (``tenants-conv-code-2023``: azure-conv-2023 as an
+    interactive tenant beside azure-code-2023 as a batch tenant,
+    :func:`cbgym.workload.tenants.conv_code_tenants`); a catalogue name, looked for in each
+    ``$CBGYM_TRACE_DIR`` directory, then
     in ``cache_dir`` (default :func:`default_cache_dir`), then downloaded into that cache.
     Loaded traces are cached in-process (keyed by path, mtime and size); a :class:`Trace` is
     immutable, so callers share one object safely.
@@ -318,6 +323,12 @@ def load_trace(
         return _load_path(path, "", options)
     if text in SYNTHETIC_NAMES:
         return _synthetic(text)
+    if text in DERIVED:  # (each part found, cached or downloaded as a catalogue trace)
+        from cbgym.workload.tenants import conv_code_tenants
+
+        parts = [load_trace(p, cache_dir=cache_dir, download=download, **options)
+                 for p in DERIVED[text]]
+        return replace(conv_code_tenants(*parts), name=text)
     if not isinstance(name_or_path, str) or os.sep in text or path.suffix:
         raise TraceNotFoundError(
             f"no trace file at {path.resolve()} (and it is not a known trace name: "

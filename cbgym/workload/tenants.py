@@ -129,3 +129,19 @@ def tier_slos(tiers: Mapping[int, SLO] | None = None) -> dict[int, SLO]:
                              f"({sorted(out)}) and an SLO")
         out[cls] = slo
     return out
+
+
+def conv_code_tenants(conv: Trace, code: Trace, share: float = 0.7) -> Trace:
+    """The noisy-neighbour mix: ``conv`` as an interactive tenant (tenant 0) keeping its own
+    clock, ``code`` as a batch tenant (tenant 1) at ``1 - share`` of the requests (its own
+    arrival pattern, rescaled), cut where the shorter of the two ends: the derived trace
+    ``tenants-conv-code-2023`` (:func:`cbgym.load_trace`) of azure-conv-2023 and
+    azure-code-2023."""
+    if not 0 < share < 1:
+        raise ValueError(f"conv_code_tenants: share={share!r}, expected in (0, 1)")
+    rate = conv.rate / share
+    code_span = len(code) / (rate * (1 - share))  # the code tenant's duration at its rate
+    chat = Tenant("interactive", share, tier="interactive")
+    bulk = Tenant("batch", 1 - share, tier="batch")
+    return mix_tenants([(chat, conv), (bulk, code)], rate_rps=rate,
+                       duration_s=min(conv.duration_s, code_span))

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import inspect
 
+from cbgym.agents.routing.admission import InFlightCap
 from cbgym.agents.routing.basic import (
     LeastOutstanding,
     PowerOfTwo,
@@ -23,7 +24,7 @@ ROUTERS: dict[str, type[Router]] = {
     cls.name: cls for cls in (
         RandomRouter, RoundRobin, LeastOutstanding, ShortestQueueTokens, PowerOfTwo,
         AlwaysDisaggregate, NeverDisaggregate, Dynamo, LlmD, Kairos, KairosTransfer,
-        LearnedRouter)
+        LearnedRouter, InFlightCap)
 }
 
 

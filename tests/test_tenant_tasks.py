@@ -1,0 +1,99 @@
+"""The multi-tenant and overload pieces of the suite: tenant counters in the observation, the
+overload cluster task's env (retries as steps, goodput as clients see it), the in-flight cap
+router, SLO maps as data."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from cbgym import SLO, ClientModel, Trace
+from cbgym.agents.routing import make_router
+from cbgym.cluster.run import serve
+from cbgym.env.cluster_env import ClusterEnv
+from cbgym.env.scheduling_env import SchedulingEnv
+from cbgym.env.tenant_obs import KEY, tenant_obs
+from cbgym.metrics import slo_from_dict, slo_to_dict
+from cbgym.workload.synthetic import synthetic_trace
+from cbgym.workload.tenants import Tenant, assign_tenants, tier_slos
+
+
+def two_tenants() -> Trace:
+    tr = synthetic_trace("conv", 1500, seed=4)
+    return assign_tenants(tr, [Tenant("a", 0.6, tier="interactive"),
+                               Tenant("b", 0.4, tier="batch")], seed=1)
+
+
+def test_tenant_counters_are_vtc_s_service_shares_and_backlogs() -> None:
+    env = SchedulingEnv(trace=two_tenants(), load=1.3, slo=tier_slos(), tenant_features=2)
+    assert env.observation_space[KEY].shape == (6,)
+    obs, _ = env.reset(seed=0)
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        obs, _, done, _, _ = env.step(rng.uniform(-1, 1, env.action_space.shape).astype(
+            np.float32))
+        assert env.observation_space.contains(obs)
+        if done:
+            break
+    s, tenant = env.engine.state, env.episode_trace.tenant
+    got = obs[KEY].reshape(2, 3)
+    from cbgym.engine import layout as L
+
+    started = ~np.isnan(s.times[L.FIRST_SCHEDULED])
+    service = np.array([(s.req[L.PROMPT] * started + 2 * s.req[L.GENERATED])[tenant == t].sum()
+                        for t in (0, 1)], float)
+    np.testing.assert_allclose(got[:, 0], service / service.sum(), rtol=1e-6)
+    waiting = tenant[s.ids[L.WAIT_Q, : s.si[L.N_WAIT]]]
+    if len(waiting):
+        np.testing.assert_allclose(got[:, 1], np.bincount(waiting, minlength=2) / len(waiting),
+                                   rtol=1e-6)
+    assert np.allclose(tenant_obs(s, tenant, 2), obs[KEY])
+
+
+def test_tenant_features_are_checked() -> None:
+    with pytest.raises(ValueError, match="tenant_features"):
+        SchedulingEnv(tenant_features=-1)
+    with pytest.raises(NotImplementedError, match="SyncVectorEnv"):
+        from cbgym.env.vector import SchedulingVectorEnv
+
+        SchedulingVectorEnv(num_envs=2, tenant_features=2)
+
+
+def test_the_cluster_env_with_clients_counts_goodput_as_clients_see_it() -> None:
+    tr = synthetic_trace("conv", 400, seed=2)
+    client = ClientModel(timeout_s=3.0, max_retries=2, on_abandon="leave")
+    env = ClusterEnv(cluster="1x:llama-3.1-8b/a100-80gb", trace=tr, episode_requests=300,
+                     load=2.0, slo=SLO(2.0, 0.1), client=client, train_fraction=1.0)
+    obs, info = env.reset(seed=0, options={"start": 0, "load": 2.0})
+    steps, ret, done = 0, 0.0, False
+    while not done:
+        obs, r, done, _, info = env.step(0)  # always admit
+        steps, ret = steps + 1, ret + r
+    c = env.cluster
+    assert c is not None and steps > c.num_offered  # retries were steps too
+    from cbgym.cluster.results import cluster_result
+
+    res = cluster_result(c, {})
+    assert ret == res.summary()["good"] == info["num_good"]
+    # the same window through serve(), by the one-replica rule: the same run
+    again = serve(c.trace.window(0, c.num_offered), c.config, "round-robin", slo=SLO(2.0, 0.1),
+                  client=client)
+    assert again.summary()["good"] == ret
+
+
+def test_inflight_cap_sheds_with_429_once_the_replicas_hold_n() -> None:
+    from cbgym.cluster.config import ClusterConfig
+
+    tr = Trace.from_arrays(np.array([0.0, 0.5, 1.0]), np.full(3, 100), np.full(3, 400),
+                           name="three")
+    cfg = ClusterConfig.preset("1x:llama-3.1-8b/a100-80gb", load_report_interval_s=0)
+    res = serve(tr, cfg, make_router("inflight-cap:1"), client=ClientModel(max_retries=0))
+    assert res.clients["outcome"].tolist()[1:] == ["shed", "shed"]
+    assert (res.requests["reason"].iloc[1:] == "admission_cap").all()
+
+
+def test_slo_maps_round_trip_as_data() -> None:
+    for slo in (SLO(1.0, 0.1), SLO(2.0, 0.2, tbt_s=0.5), tier_slos()):
+        assert slo_from_dict(slo_to_dict(slo)) == slo
+    with pytest.raises(ValueError, match="SLO data"):
+        slo_from_dict({"ttft": 1.0})
