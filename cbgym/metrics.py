@@ -48,14 +48,33 @@ def slo_arrays(slo: SLOSpec, slo_class: np.ndarray) -> tuple[np.ndarray, np.ndar
     """Per-request TTFT and TPOT targets from one SLO or a mapping SLO class -> SLO."""
     if isinstance(slo, SLO):
         return np.full(len(slo_class), slo.ttft_s), np.full(len(slo_class), slo.tpot_s)
+    check_slo(slo)
     ttft = np.empty(len(slo_class))
     tpot = np.empty(len(slo_class))
     for cls in np.unique(slo_class):
         if int(cls) not in slo:
-            raise ValueError(f"SLO mapping has no entry for SLO class {int(cls)}")
+            raise ValueError(f"SLO mapping has no entry for SLO class {int(cls)} (it names "
+                             f"classes {sorted(slo)}; the trace has {np.unique(slo_class)})")
         mask = slo_class == cls
         ttft[mask], tpot[mask] = slo[int(cls)].ttft_s, slo[int(cls)].tpot_s
     return ttft, tpot
+
+
+def check_slo(slo: object) -> None:
+    """An SLO, or a mapping from SLO class ids (ints in [0, 32767], as ``Trace.slo_class``)
+    to SLOs; anything else is a clear error naming the entry."""
+    if isinstance(slo, SLO):
+        return
+    if not isinstance(slo, Mapping):
+        raise TypeError(f"slo: expected an SLO or a mapping {{SLO class: SLO}}, got "
+                        f"{type(slo).__name__}")
+    for cls, target in slo.items():
+        if isinstance(cls, bool) or not isinstance(cls, int | np.integer) or not (
+                0 <= cls <= np.iinfo(np.int16).max):
+            raise ValueError(f"slo[{cls!r}]: SLO classes are ints in [0, 32767] (Trace."
+                             "slo_class)")
+        if not isinstance(target, SLO):
+            raise TypeError(f"slo[{cls!r}]={target!r}: expected an SLO")
 
 
 def slo_to_dict(slo: SLOSpec) -> dict[str, Any]:

@@ -97,3 +97,46 @@ def test_slo_maps_round_trip_as_data() -> None:
         assert slo_from_dict(slo_to_dict(slo)) == slo
     with pytest.raises(ValueError, match="SLO data"):
         slo_from_dict({"ttft": 1.0})
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("vtc:0=0", r"VTC weights\[0\]=0.0: expected a finite number > 0"),
+    ("vtc:-1", "VTC w_in=-1.0"),
+    ("drr:0=2,1=x", r"DRR weights\[1\]='x': expected a number"),
+    ("drr:0", "DRR quantum"),
+    ("wfq:a=1", "tenant 'a' is not an int id"),
+    ("wfq:-1=2", "not an int id >= 0"),
+    ("token-bucket:0=0", r"rates\[0\]=0.0"),
+    ("token-bucket:0=100/0", r"depths\[0\]=0.0"),
+    ("token-bucket:0", "is not TENANT=VALUE"),
+])
+def test_bad_tenant_tables_are_clear_errors(spec: str, message: str) -> None:
+    from cbgym.agents import make_policy
+
+    with pytest.raises(ValueError, match=message):
+        make_policy(spec)
+
+
+def test_specs_carry_tenant_tables() -> None:
+    from cbgym.agents import make_policy
+
+    assert make_policy("vtc:0=3,1=1").weights == {0: 3.0, 1: 1.0}  # type: ignore[attr-defined]
+    tb = make_policy("token-bucket:0=100/500,1=50")
+    assert tb.rates == {0: 100.0, 1: 50.0} and tb.depths == {0: 500.0}  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("slo, error, message", [
+    ({0: SLO(), 1: SLO()}, ValueError, "no entry for SLO class 2"),
+    ({0: "x"}, TypeError, r"slo\[0\]='x': expected an SLO"),
+    ({-1: SLO()}, ValueError, r"slo\[-1\]: SLO classes are ints"),
+    ("fast", TypeError, "expected an SLO or a mapping"),
+])
+def test_bad_slo_maps_are_clear_errors(slo: object, error: type, message: str) -> None:
+    from cbgym.simulate import simulate
+
+    tr = Trace.from_arrays(np.arange(5.0), np.full(5, 100), np.full(5, 10),
+                           slo_class=np.array([0, 0, 1, 2, 2]), name="t")
+    with pytest.raises(error, match=message):
+        simulate(tr, slo=slo)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="tier"):
+        Tenant("x", 0.5, tier="gold")

@@ -27,7 +27,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from cbgym.agents.service import ServiceMeter, check_costs, tenant_queues
+from cbgym.agents.service import ServiceMeter, check_costs, number, tenant_queues
 from cbgym.engine.decision import Decision, DecisionPoint, Policy, PolicyContext
 
 
@@ -40,10 +40,10 @@ class DRR(Policy):
 
     def __init__(self, quantum: float = 512.0, weights: Mapping[int, float] | None = None,
                  w_in: float = 1.0) -> None:
-        if isinstance(quantum, bool) or not isinstance(quantum, int | float) \
-                or not 0 < quantum < np.inf:
-            raise ValueError(f"DRR quantum={quantum!r}: expected cost units > 0")
-        self.weights = check_costs("DRR", w_in, 0.0, dict(weights or {}))
+        if isinstance(quantum, str) and "=" in quantum and weights is None:  # "drr:0=2,1=1"
+            quantum, weights = 512.0, quantum
+        quantum = number("DRR", "quantum", quantum, positive=True)
+        self.weights = check_costs("DRR", w_in, 0.0, weights)
         self.quantum, self.w_in = float(quantum), float(w_in)
 
     def reset(self, ctx: PolicyContext) -> None:
@@ -127,7 +127,7 @@ class WFQ(Policy):
     consult = "every_iteration"
 
     def __init__(self, weights: Mapping[int, float] | None = None, w_in: float = 1.0) -> None:
-        self.weights = check_costs("WFQ", w_in, 0.0, dict(weights or {}))
+        self.weights = check_costs("WFQ", w_in, 0.0, weights)
         self.w_in = float(w_in)
 
     def reset(self, ctx: PolicyContext) -> None:

@@ -9,7 +9,7 @@ at the first admission), ``w_out`` per output token received.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import numpy as np
 
@@ -67,14 +67,55 @@ def tenant_queues(dp: DecisionPoint) -> dict[int, list[int]]:
     return queues
 
 
-def check_costs(owner: str, w_in: float, w_out: float,
-                weights: dict[int, float] | None) -> dict[int, float]:
-    """Validate a fair policy's token costs and tenant weights (a clear error naming them)."""
-    for label, v in (("w_in", w_in), ("w_out", w_out)):
-        if isinstance(v, bool) or not isinstance(v, int | float) or not 0 <= v < np.inf:
-            raise ValueError(f"{owner} {label}={v!r}: expected a cost >= 0")
-    weights = dict(weights or {})
-    for t, w in weights.items():
-        if isinstance(w, bool) or not isinstance(w, int | float) or not 0 < w < np.inf:
-            raise ValueError(f"{owner} weights[{t!r}]={w!r}: expected a weight > 0")
-    return weights
+def number(owner: str, label: str, v: object, positive: bool) -> float:
+    """A finite number (a spec's string converted) >= 0, or > 0 with ``positive``."""
+    if isinstance(v, str):
+        try:
+            v = float(v)
+        except ValueError:
+            raise ValueError(f"{owner} {label}={v!r}: expected a number") from None
+    if isinstance(v, bool) or not isinstance(v, int | float | np.number) or not (
+            (0 < v if positive else 0 <= v) and v < np.inf):
+        raise ValueError(f"{owner} {label}={v!r}: expected a finite number "
+                         f"{'> 0' if positive else '>= 0'}")
+    return float(v)
+
+
+def tenant_map(owner: str, label: str, value: object, positive: bool = True
+               ) -> dict[int, float]:
+    """A per-tenant table: a mapping {tenant id: number}, or a spec's string ``"0=2,1=1"``
+    (tenant ids ints >= 0, as ``Trace.tenant``); a bad entry is a clear error naming it."""
+    if value is None or value == "":
+        return {}
+    if isinstance(value, str):
+        items = []
+        for item in (x.strip() for x in value.split(",")):
+            t, sep, v = item.partition("=")
+            if not sep:
+                raise ValueError(f"{owner} {label}: {item!r} is not TENANT=VALUE (e.g. "
+                                 "'0=2,1=1')")
+            items.append((t.strip(), v.strip()))
+    elif isinstance(value, Mapping):
+        items = list(value.items())
+    else:
+        raise TypeError(f"{owner} {label}: expected a mapping {{tenant: value}} or "
+                        f"'TENANT=VALUE,...', got {type(value).__name__}")
+    out: dict[int, float] = {}
+    for t, v in items:
+        try:
+            tenant = int(t)
+        except (TypeError, ValueError):
+            raise ValueError(f"{owner} {label}: tenant {t!r} is not an int id") from None
+        if tenant < 0 or str(t).strip().lstrip("+") not in (str(tenant), f"{tenant}.0"):
+            raise ValueError(f"{owner} {label}: tenant {t!r} is not an int id >= 0")
+        out[tenant] = number(owner, f"{label}[{tenant}]", v, positive)
+    return out
+
+
+def check_costs(owner: str, w_in: object, w_out: object,
+                weights: object) -> dict[int, float]:
+    """Validate a fair policy's token costs and tenant weights (a clear error naming them);
+    returns the weights as {tenant: weight > 0}."""
+    number(owner, "w_in", w_in, False)
+    number(owner, "w_out", w_out, False)
+    return tenant_map(owner, "weights", weights)

@@ -20,7 +20,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from cbgym.agents.service import ServiceMeter
+from cbgym.agents.service import ServiceMeter, tenant_map
 from cbgym.engine.decision import Decision, DecisionPoint, Policy, PolicyContext
 
 
@@ -28,7 +28,8 @@ class TokenBucket(Policy):
     """Per-tenant token buckets (module docstring).
 
     Args:
-        rates: tenant id -> prompt tokens per second.
+        rates: tenant id -> prompt tokens per second (a spec: ``"token-bucket:0=RATE[/DEPTH],
+            1=RATE"``).
         depths: tenant id -> bucket size in tokens (default: one second of its rate).
     """
 
@@ -37,12 +38,13 @@ class TokenBucket(Policy):
 
     def __init__(self, rates: Mapping[int, float] | None = None,
                  depths: Mapping[int, float] | None = None) -> None:
-        self.rates = dict(rates or {})
-        self.depths = dict(depths or {})
-        for label, table in (("rates", self.rates), ("depths", self.depths)):
-            for t, v in table.items():
-                if isinstance(v, bool) or not isinstance(v, int | float) or not 0 < v < np.inf:
-                    raise ValueError(f"token-bucket {label}[{t!r}]={v!r}: expected tokens > 0")
+        if isinstance(rates, str) and depths is None:  # a spec: "0=RATE[/DEPTH],1=RATE"
+            pairs = [item.partition("=") for item in rates.split(",")]
+            rates = ",".join(f"{t}{eq}{v.partition('/')[0]}" for t, eq, v in pairs)
+            depths = ",".join(f"{t}{eq}{v.partition('/')[2]}" for t, eq, v in pairs
+                              if v.partition("/")[2])
+        self.rates = tenant_map("token-bucket", "rates", rates)
+        self.depths = tenant_map("token-bucket", "depths", depths)
         unknown = set(self.depths) - set(self.rates)
         if unknown:
             raise ValueError(f"token-bucket depths for tenants without a rate: {sorted(unknown)}")

@@ -45,7 +45,9 @@ class VTC(Policy):
 
     def __init__(self, w_in: float = 1.0, w_out: float = 2.0,
                  weights: Mapping[int, float] | None = None) -> None:
-        self.weights = check_costs("VTC", w_in, w_out, dict(weights or {}))
+        if isinstance(w_in, str) and "=" in w_in and weights is None:  # "vtc:0=2,1=1"
+            w_in, weights = 1.0, w_in
+        self.weights = check_costs("VTC", w_in, w_out, weights)
         self.w_in, self.w_out = float(w_in), float(w_out)
 
     def reset(self, ctx: PolicyContext) -> None:
