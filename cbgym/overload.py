@@ -35,7 +35,7 @@ from cbgym.cluster.config import ClusterConfig
 from cbgym.cluster.edge import AdmissionConfig, ClientModel
 from cbgym.cluster.edge_results import edge_totals
 from cbgym.cluster.run import cluster_capacity, serve
-from cbgym.cluster.sweep import reference_router
+from cbgym.cluster.sweep import reference_router, window_plan
 from cbgym.metrics import SLO
 from cbgym.workload.trace import Trace
 
@@ -82,18 +82,12 @@ def overload_sweep(traces: dict[str, Trace], cluster: ClusterConfig, name: str,
     """Every (trace, window, load, mode, seed) run, one row each (module docstring)."""
     from tqdm.auto import tqdm
 
-    from cbgym.bench import window_starts
-
     bad = [m for m in modes if m not in MODES]
     if bad:
         raise ValueError(f"overload_sweep modes {bad}: expected some of {MODES}")
     slo = slo or SLO()
     router = reference_router(cluster)
-    plan = []
-    for tname, trace in traces.items():
-        count = min(window_requests, len(trace))
-        for w, start in enumerate(window_starts(len(trace), windows, count)):
-            plan.append((tname, w, start, trace.window(start, count)))
+    plan = window_plan(traces, windows, window_requests)
     rows = []
     bar = tqdm(total=len(plan) * len(loads) * len(modes) * len(seeds), disable=not progress,
                desc="overload runs", unit="run")

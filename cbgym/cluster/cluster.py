@@ -48,7 +48,13 @@ from cbgym.cluster import loop
 from cbgym.cluster import route_ops as ro
 from cbgym.cluster import state as K
 from cbgym.cluster.config import ClusterConfig
-from cbgym.cluster.edge import AdmissionConfig, ClientModel, attempt_slots, edge_settings
+from cbgym.cluster.edge import (
+    AdmissionConfig,
+    ClientModel,
+    attempt_slots,
+    check_edge,
+    edge_settings,
+)
 from cbgym.cluster.routing import (
     LOAD_FIELDS,
     ROLE_CODES,
@@ -111,11 +117,7 @@ class Cluster:
         N = config.num_instances
         if len(policies) != N:
             raise ValueError(f"Cluster: {len(policies)} local policies for {N} instances")
-        for name, value, kind in (("admission", admission, AdmissionConfig),
-                                  ("client", client, ClientModel)):
-            if value is not None and not isinstance(value, kind):
-                raise TypeError(f"Cluster {name}=: expected a {kind.__name__} or None, got "
-                                f"{type(value).__name__}")
+        check_edge("Cluster", admission, client)
         self.admission, self.client = admission, client
         self.num_offered = len(trace)
         self.edge = admission is not None or client is not None

@@ -160,6 +160,15 @@ class ClientModel:
         return wait * (1.0 + self.jitter * (2.0 * u - 1.0))
 
 
+def check_edge(owner: str, admission: object, client: object) -> None:
+    """``admission`` and ``client`` are an AdmissionConfig and a ClientModel, or None."""
+    for name, value, kind in (("admission", admission, AdmissionConfig),
+                              ("client", client, ClientModel)):
+        if value is not None and not isinstance(value, kind):
+            raise TypeError(f"{owner} {name}=: expected a {kind.__name__} or None, got "
+                            f"{type(value).__name__}")
+
+
 def edge_settings(ci: np.ndarray, cf: np.ndarray, n: int,
                   admission: AdmissionConfig | None, client: ClientModel | None) -> None:
     """Write the edge's static settings into a ClusterState's ``ci`` and ``cf``."""
@@ -203,4 +212,4 @@ def attempt_slots(trace: Trace, client: ClientModel | None) -> Trace:
         extra={key: np.tile(v, k) for key, v in trace.extra.items()}, rebase=False)
 
 
-__all__ = ["AdmissionConfig", "ClientModel", "attempt_slots", "edge_settings"]
+__all__ = ["AdmissionConfig", "ClientModel", "attempt_slots", "check_edge", "edge_settings"]

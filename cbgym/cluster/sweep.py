@@ -48,6 +48,20 @@ def run_row(window: Trace, cluster: ClusterConfig, router: str, load: float, mu:
     return row
 
 
+def window_plan(traces: dict[str, Trace], windows: int, window_requests: int
+                ) -> list[tuple[str, int, int, Trace]]:
+    """(trace name, window index, start, window) of each trace's windows, as ``cbgym bench``
+    cuts them (:func:`cbgym.bench.window_starts`)."""
+    from cbgym.bench import window_starts
+
+    plan = []
+    for tname, trace in traces.items():
+        count = min(window_requests, len(trace))
+        for w, start in enumerate(window_starts(len(trace), windows, count)):
+            plan.append((tname, w, start, trace.window(start, count)))
+    return plan
+
+
 def cluster_sweep(traces: dict[str, Trace], cluster: ClusterConfig, name: str,
                   routers: Sequence[str], loads: Sequence[float], windows: int,
                   window_requests: int, seeds: Sequence[int], policy: str = "fcfs",
@@ -56,14 +70,8 @@ def cluster_sweep(traces: dict[str, Trace], cluster: ClusterConfig, name: str,
     """Every (trace, window, router, load, seed) run, one row each (module docstring)."""
     from tqdm.auto import tqdm
 
-    from cbgym.bench import window_starts
-
     slo = slo or SLO()
-    plan = []
-    for tname, trace in traces.items():
-        count = min(window_requests, len(trace))
-        for w, start in enumerate(window_starts(len(trace), windows, count)):
-            plan.append((tname, w, start, trace.window(start, count)))
+    plan = window_plan(traces, windows, window_requests)
     rows = []
     total = len(plan) * len(routers) * len(loads) * len(seeds)
     bar = tqdm(total=total, disable=not progress, desc="cluster runs", unit="run")

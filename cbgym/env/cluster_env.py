@@ -15,7 +15,7 @@ from gymnasium import spaces
 
 from cbgym.cluster.cluster import Cluster, local_policies
 from cbgym.cluster.config import ClusterConfig
-from cbgym.cluster.edge import AdmissionConfig, ClientModel
+from cbgym.cluster.edge import AdmissionConfig, ClientModel, check_edge
 from cbgym.cluster.routing import Route, RoutingPoint
 from cbgym.cluster.run import cluster_capacity, resolve_cluster
 from cbgym.cluster.tables import loads_array
@@ -160,11 +160,7 @@ instance with chunked prefill); a masked or malformed action raises
                  client: ClientModel | None = None) -> None:
         from cbgym.simulate import resolve_policy, resolve_trace
 
-        for name, value, kind in (("admission", admission, AdmissionConfig),
-                                  ("client", client, ClientModel)):
-            if value is not None and not isinstance(value, kind):
-                raise TypeError(f"{name}=: expected a {kind.__name__} or None, got "
-                                f"{type(value).__name__}")
+        check_edge("ClusterEnv", admission, client)
         self.admission, self.client = admission, client
         self.config = resolve_cluster(cluster)
         self.trace = resolve_trace(trace)
