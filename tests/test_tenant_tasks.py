@@ -140,3 +140,38 @@ def test_bad_slo_maps_are_clear_errors(slo: object, error: type, message: str) -
         simulate(tr, slo=slo)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="tier"):
         Tenant("x", 0.5, tier="gold")
+
+
+def test_a_learned_policy_with_tenant_counters_replays_the_env_exactly() -> None:
+    """The fast path rebuilds the tenants' counters the slot scorer reads (each slot its own
+    tenant's row), decision for decision."""
+    pytest.importorskip("stable_baselines3")
+    import cbgym
+    from stable_baselines3 import PPO
+
+    from cbgym.agents.learned import LearnedPolicy
+    from cbgym.agents.slot_net import SlotPolicy
+    from cbgym.engine.config import EngineConfig
+
+    paper = EngineConfig(preset="cbsjf-paper")
+    slo = tier_slos()
+    env = SchedulingEnv(trace=two_tenants(), engine=paper, load=1.2, episode_requests=96, K=4,
+                        R=8, window_rule="smallest_prompt", slo=slo, tenant_features=2)
+    model = PPO(SlotPolicy, env, seed=3, device="cpu")
+    scorer = model.policy.mlp_extractor
+    assert scorer.T == 2
+    for layer in scorer.output_layers():  # (an untrained scorer is nearly constant)
+        layer.weight.data.normal_(0.0, 0.05)
+        layer.bias.data.fill_(0.5)
+    model.cbgym = {"algo": "ppo", "window_rule": "smallest_prompt", "hold_threshold": -0.5,
+                   "shed_threshold": -0.99, "slo": slo_to_dict(slo)}
+    obs, _ = env.reset(seed=0, options={"start": 200})
+    done = False
+    while not done:
+        action, _ = model.predict(obs, deterministic=True)
+        obs, _, done, truncated, _ = env.step(action)
+        done = done or truncated
+    got = env.episode_result().requests
+    fast = cbgym.simulate(env.episode_trace, LearnedPolicy(model), engine=paper, slo=slo).requests
+    for col in ("first_token_s", "finish_s", "status"):
+        np.testing.assert_array_equal(got[col].to_numpy(), fast[col].to_numpy(), err_msg=col)

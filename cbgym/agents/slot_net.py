@@ -22,6 +22,9 @@ needs many updates to grow weights steep enough to act on an SLO deadline (measu
 the flags, PPO never learned to shed requests that had missed their TTFT). Fixed steps make
 "past the deadline" one weight away.
 
+With ``tenant_features`` (``waiting_tenants``), each slot's input also holds its own tenant's
+three counters (the tenant id decoded from the slot), and the context all tenants' rows.
+
 Two global features are left out of the scores: ``sim_time`` and ``total_preemptions`` count
 from the start of an episode, so a policy trained on 512-request windows would see values it
 never met on a full trace (``cbgym bench``). The critic keeps them (episode progress helps the
@@ -41,7 +44,9 @@ from stable_baselines3.common.policies import MultiInputActorCriticPolicy
 from stable_baselines3.common.preprocessing import get_flattened_obs_dim
 from torch import nn
 
-from cbgym.env.observation import SLOT_FEATURES, global_index, slot_index, time_scale
+from cbgym.env.observation import _COUNT_SPAN, SLOT_FEATURES, global_index, slot_index, time_scale
+from cbgym.env.tenant_obs import FEATURES as TENANT_FEATURES
+from cbgym.env.tenant_obs import KEY as TENANT_KEY
 
 __all__ = ["MaskableSlotPolicy", "SlotPolicy", "SlotScorer"]
 
@@ -53,6 +58,7 @@ _WAIT_SHARPNESS = 300.0  # per scaled unit: a flag goes from 0.2 to 0.8 within +
 
 
 _TIME = slot_index("time_in_system")
+_TENANT = slot_index("tenant")
 
 
 def _mlp(sizes: list[int], act: type[nn.Module]) -> nn.Sequential:
@@ -89,13 +95,19 @@ class SlotScorer(nn.Module):
         assert self.F == len(SLOT_FEATURES), "observation layout changed"
         self.register_buffer("wait_centers", th.as_tensor(
             time_scale(np.array(WAIT_THRESHOLDS_S)), dtype=th.float32), persistent=False)
-        slot_in = self.F + len(WAIT_THRESHOLDS_S)
+        # the tenants' fairness counters (tenant_features): each slot sees its own tenant's
+        # row, the context all of them
+        tenants = self.slices.get(TENANT_KEY)
+        self.T = 0 if tenants is None else (tenants.stop - tenants.start) // len(TENANT_FEATURES)
+        self.own = self.F + len(WAIT_THRESHOLDS_S) + (len(TENANT_FEATURES) if self.T else 0)
+        slot_in = self.own
         n_global = self.slices["global"].stop - self.slices["global"].start
         keep = np.ones(n_global, dtype=bool)
         keep[[global_index(name) for name in NON_STATIONARY_GLOBALS]] = False
         self.register_buffer("keep", th.as_tensor(np.flatnonzero(keep)), persistent=False)
         width = hidden[0]
-        self.context = nn.Sequential(nn.Linear(int(keep.sum()), width), act())
+        ctx_in = int(keep.sum()) + self.T * len(TENANT_FEATURES)
+        self.context = nn.Sequential(nn.Linear(ctx_in, width), act())
         self.waiting_head = _mlp([slot_in + width, *hidden, 1], act)
         self.running_head = _mlp([slot_in + width, *hidden, 1], act)
         self.stop_head = nn.Linear(width, 1) if stop_logit else None
@@ -114,25 +126,33 @@ class SlotScorer(nn.Module):
     def forward_actor(self, features: th.Tensor) -> th.Tensor:
         """One score per waiting slot, then per running slot (then STOP); 0 for empty slots."""
         s = self.slices
-        ctx = self.context(features[:, s["global"]].index_select(1, self.keep))
+        glob = features[:, s["global"]].index_select(1, self.keep)
+        tenants = features[:, s[TENANT_KEY]] if self.T else None
+        ctx = self.context(glob if tenants is None else th.cat((glob, tenants), dim=1))
         out = [self._score(self.waiting_head, features[:, s["waiting"]],
-                           features[:, s["waiting_mask"]], ctx, self.K),
+                           features[:, s["waiting_mask"]], ctx, self.K, tenants),
                self._score(self.running_head, features[:, s["running"]],
-                           features[:, s["running_mask"]], ctx, self.R)]
+                           features[:, s["running_mask"]], ctx, self.R, tenants)]
         if self.stop_head is not None:
             out.append(self.stop_head(ctx))
         return th.cat(out, dim=1)
 
     def _score(self, head: nn.Sequential, slots: th.Tensor, mask: th.Tensor, ctx: th.Tensor,
-               n: int) -> th.Tensor:
+               n: int, tenants: th.Tensor | None = None) -> th.Tensor:
         per_slot = slots.reshape(-1, n, self.F)
         waited = per_slot[:, :, _TIME : _TIME + 1]
         flags = th.sigmoid((waited - self.wait_centers) * _WAIT_SHARPNESS)
+        if tenants is not None:  # the slot's tenant's counters (zeros past T tenants)
+            who = th.round(th.exp2(per_slot[:, :, _TENANT] * _COUNT_SPAN) - 1.0).long()
+            rows = tenants.reshape(-1, self.T, len(TENANT_FEATURES))
+            mine = th.gather(rows, 1, who.clamp(0, self.T - 1).unsqueeze(-1).expand(
+                -1, -1, len(TENANT_FEATURES)))
+            flags = th.cat((flags, mine * (who < self.T).unsqueeze(-1)), dim=2)
         # The head's first layer sees [slot features, flags, context]; the context is the same
         # for every slot of a sample, so its part of the product is computed once per sample
         # and broadcast (the same function as concatenating it to each slot: 2x less work).
         first = head[0]
-        own = self.F + len(WAIT_THRESHOLDS_S)
+        own = self.own
         w_slot, w_ctx = first.weight[:, :own], first.weight[:, own:]
         hidden = (th.cat((per_slot, flags), dim=2) @ w_slot.T
                   + (ctx @ w_ctx.T + first.bias).unsqueeze(1))
