@@ -146,9 +146,9 @@ def test_a_learned_policy_with_tenant_counters_replays_the_env_exactly() -> None
     """The fast path rebuilds the tenants' counters the slot scorer reads (each slot its own
     tenant's row), decision for decision."""
     pytest.importorskip("stable_baselines3")
-    import cbgym
     from stable_baselines3 import PPO
 
+    import cbgym
     from cbgym.agents.learned import LearnedPolicy
     from cbgym.agents.slot_net import SlotPolicy
     from cbgym.engine.config import EngineConfig
@@ -157,7 +157,7 @@ def test_a_learned_policy_with_tenant_counters_replays_the_env_exactly() -> None
     slo = tier_slos()
     env = SchedulingEnv(trace=two_tenants(), engine=paper, load=1.2, episode_requests=96, K=4,
                         R=8, window_rule="smallest_prompt", slo=slo, tenant_features=2)
-    model = PPO(SlotPolicy, env, seed=3, device="cpu")
+    model = PPO(SlotPolicy, env, seed=3, device="cpu", policy_kwargs={"tenant_inputs": True})
     scorer = model.policy.mlp_extractor
     assert scorer.T == 2
     for layer in scorer.output_layers():  # (an untrained scorer is nearly constant)

@@ -22,8 +22,9 @@ needs many updates to grow weights steep enough to act on an SLO deadline (measu
 the flags, PPO never learned to shed requests that had missed their TTFT). Fixed steps make
 "past the deadline" one weight away.
 
-With ``tenant_features`` (``waiting_tenants``), each slot's input also holds its own tenant's
-three counters (the tenant id decoded from the slot), and the context all tenants' rows.
+With ``tenant_features`` (``waiting_tenants``) and ``policy_kwargs={"tenant_inputs": True}``,
+each slot's input also holds its own tenant's three counters (the tenant id decoded from the
+slot), and the context all tenants' rows; by default only the critic reads them.
 
 Two global features are left out of the scores: ``sim_time`` and ``total_preemptions`` count
 from the start of an episode, so a policy trained on 512-request windows would see values it
@@ -78,10 +79,14 @@ class SlotScorer(nn.Module):
         stop_logit: add one more output computed from the context: the masked variant's STOP
             logit, or the running-cap score of ``Scheduling-v0`` with ``admission_cap``.
         act: activation function.
+        tenant_inputs: with ``waiting_tenants`` in the observation, the scores read it too
+            (each slot its own tenant's counters, the context every tenant's); else only the
+            critic does (the default: the measured better of the two on
+            ``tenants-noisy-neighbour``, docs/benchmark.md).
     """
 
     def __init__(self, space: spaces.Dict, hidden: list[int], stop_logit: bool = False,
-                 act: type[nn.Module] = nn.Tanh) -> None:
+                 act: type[nn.Module] = nn.Tanh, tenant_inputs: bool = False) -> None:
         super().__init__()
         self.slices: dict[str, slice] = {}
         start = 0
@@ -97,7 +102,7 @@ class SlotScorer(nn.Module):
             time_scale(np.array(WAIT_THRESHOLDS_S)), dtype=th.float32), persistent=False)
         # the tenants' fairness counters (tenant_features): each slot sees its own tenant's
         # row, the context all of them
-        tenants = self.slices.get(TENANT_KEY)
+        tenants = self.slices.get(TENANT_KEY) if tenant_inputs else None
         self.T = 0 if tenants is None else (tenants.stop - tenants.start) // len(TENANT_FEATURES)
         self.own = self.F + len(WAIT_THRESHOLDS_S) + (len(TENANT_FEATURES) if self.T else 0)
         slot_in = self.own
@@ -175,6 +180,16 @@ class _SlotBuild:
     net_arch: Any
     activation_fn: type[nn.Module]
     stop_logit: bool = False
+    tenant_inputs: bool = False
+
+    def __init__(self, *args: Any, tenant_inputs: bool = False, **kwargs: Any) -> None:
+        self.tenant_inputs = bool(tenant_inputs)  # (read while the base class builds)
+        super().__init__(*args, **kwargs)
+
+    def _get_constructor_parameters(self) -> dict[str, Any]:
+        data = super()._get_constructor_parameters()  # type: ignore[misc]
+        data["tenant_inputs"] = self.tenant_inputs
+        return data
 
     def _build_mlp_extractor(self) -> None:
         space = self.observation_space
@@ -184,7 +199,8 @@ class _SlotBuild:
         # one output beyond the slots (STOP, or the running cap) comes from the context
         self.mlp_extractor = SlotScorer(space, _hidden(self.net_arch),
                                         stop_logit=self.stop_logit or int(n) > slots,
-                                        act=self.activation_fn)
+                                        act=self.activation_fn,
+                                        tenant_inputs=self.tenant_inputs)
 
     def _build(self, lr_schedule: Callable[[float], float]) -> None:
         super()._build(lr_schedule)  # type: ignore[misc]
