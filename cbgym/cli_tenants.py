@@ -145,8 +145,9 @@ def cmd_noisy_neighbour(args: argparse.Namespace, parser: argparse.ArgumentParse
             parser.error("--trace: --noisy-neighbour takes two traces, INTERACTIVE,BATCH")
         names = tuple(args.trace)
     else:
-        names = next((pair for pair in NOISY_TRACES if all(find_trace(n) for n in pair)),
-                     NOISY_TRACES[1])
+        # the 2023 traces where they are found, else the embedded synthetic workloads
+        real = NOISY_TRACES[0]
+        names = real if all(find_trace(n) for n in real) else NOISY_TRACES[1]
         print(f"traces: {names[0]} (interactive), {names[1]} (batch)")
     chat, batch = (_fail(parser, "--trace", lambda n=n: resolve_trace(n, args.download))
                    for n in names)

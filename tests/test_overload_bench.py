@@ -59,6 +59,17 @@ def test_noisy_neighbour_cli(capsys: pytest.CaptureFixture[str]) -> None:
     assert "| fcfs |" in text and "| priority |" in text and "| isolation |" in text
 
 
+def test_noisy_neighbour_cli_falls_back_to_the_synthetic_traces(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    import cbgym.workload.catalog as catalog
+
+    monkeypatch.setattr(catalog, "find_trace", lambda name, **kw: None)
+    assert main(["bench", "--noisy-neighbour", "--window-requests", "300", "--policies",
+                 "fcfs", "--quiet"]) == 0
+    assert "traces: synthetic-conv (interactive), synthetic-code (batch)" in (
+        capsys.readouterr().out)
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--overload", "--routers", "kairos"], "--routers: not used with --overload"),
     (["--overload", "--timeout", "0"], "--timeout"),
