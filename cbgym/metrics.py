@@ -31,6 +31,10 @@ class SLO:
     # longest gap between two tokens of a request (time between tokens, TBT: judged on its
     # worst gap, ``itl_max_s``); None: not judged
     tbt_s: float | None = None
+    # an end-to-end deadline, arrival to last token (a batch class's); None: not judged.
+    # Judged in results and the cluster env; the scheduling envs' compiled reward does not
+    # read it yet, and refuses an SLO that has one
+    e2e_s: float | None = None
 
     def __post_init__(self) -> None:
         if not (self.ttft_s > 0 and self.tpot_s > 0):
@@ -39,6 +43,8 @@ class SLO:
             )
         if self.tbt_s is not None and not self.tbt_s > 0:
             raise ValueError(f"SLO: tbt_s must be None or > 0, got {self.tbt_s}")
+        if self.e2e_s is not None and not self.e2e_s > 0:
+            raise ValueError(f"SLO: e2e_s must be None or > 0, got {self.e2e_s}")
 
 
 SLOSpec = SLO | Mapping[int, SLO]
@@ -82,8 +88,9 @@ def slo_to_dict(slo: SLOSpec) -> dict[str, Any]:
     ``{"classes": {"0": {...}, ...}}``; :func:`slo_from_dict` reads it back."""
     def one(x: SLO) -> dict[str, Any]:
         d: dict[str, Any] = {"ttft_s": x.ttft_s, "tpot_s": x.tpot_s}
-        if x.tbt_s is not None:
-            d["tbt_s"] = x.tbt_s
+        for key in ("tbt_s", "e2e_s"):
+            if getattr(x, key) is not None:
+                d[key] = getattr(x, key)
         return d
 
     if isinstance(slo, SLO):
@@ -118,21 +125,38 @@ def meets_slo(requests: pd.DataFrame, slo: SLOSpec) -> np.ndarray:
         tbt = tbt_targets(slo, requests["slo_class"].to_numpy())
         if tbt is not None and "itl_max_s" in requests:
             ok &= requests["itl_max_s"].to_numpy() <= tbt
+        e2e = e2e_targets(slo, requests["slo_class"].to_numpy())
+        if e2e is not None:
+            ok &= requests["e2e_s"].to_numpy() <= e2e
     return finished & ok
 
 
 def tbt_targets(slo: SLOSpec, slo_class: np.ndarray) -> np.ndarray | None:
     """Per-request TBT targets (inf where a class has none); None if no class has one."""
+    return _optional_targets(slo, slo_class, "tbt_s")
+
+
+def e2e_targets(slo: SLOSpec, slo_class: np.ndarray) -> np.ndarray | None:
+    """Per-request end-to-end deadlines (inf where a class has none); None if none has."""
+    return _optional_targets(slo, slo_class, "e2e_s")
+
+
+def _optional_targets(slo: SLOSpec, slo_class: np.ndarray, field: str) -> np.ndarray | None:
     slos = [slo] if isinstance(slo, SLO) else list(slo.values())
-    if all(s.tbt_s is None for s in slos):
+    if all(getattr(s, field) is None for s in slos):
         return None
     if isinstance(slo, SLO):
-        return np.full(len(slo_class), slo.tbt_s)
+        return np.full(len(slo_class), getattr(slo, field))
     out = np.full(len(slo_class), np.inf)
     for cls, s in slo.items():
-        if s.tbt_s is not None:
-            out[slo_class == cls] = s.tbt_s
+        if getattr(s, field) is not None:
+            out[slo_class == cls] = getattr(s, field)
     return out
+
+
+def has_e2e(slo: SLOSpec) -> bool:
+    """Whether any class of ``slo`` has an end-to-end deadline."""
+    return any(s.e2e_s is not None for s in ([slo] if isinstance(slo, SLO) else slo.values()))
 
 
 def _quantiles(prefix: str, values: np.ndarray, out: dict[str, float]) -> None:

@@ -175,3 +175,35 @@ def test_a_learned_policy_with_tenant_counters_replays_the_env_exactly() -> None
     fast = cbgym.simulate(env.episode_trace, LearnedPolicy(model), engine=paper, slo=slo).requests
     for col in ("first_token_s", "finish_s", "status"):
         np.testing.assert_array_equal(got[col].to_numpy(), fast[col].to_numpy(), err_msg=col)
+
+
+def test_a_batch_class_with_an_end_to_end_deadline() -> None:
+    from cbgym.metrics import meets_slo
+    from cbgym.simulate import simulate
+
+    tr = Trace.from_arrays(np.array([0.0, 0.001]), np.array([100, 100]), np.array([50, 400]),
+                           slo_class=np.array([2, 2]), name="two")
+    loose = {2: SLO(30.0, 1.0)}
+    deadline = {2: SLO(30.0, 1.0, e2e_s=2.0)}
+    req = simulate(tr, engine="llama-3.1-8b/a100-80gb", slo=loose).requests
+    assert meets_slo(req, loose).all()
+    e2e = req["e2e_s"].to_numpy()
+    assert e2e[0] < 2.0 < e2e[1]  # the long one misses its deadline
+    assert meets_slo(req, deadline).tolist() == [True, False]
+    assert slo_from_dict(slo_to_dict(deadline)) == deadline
+    with pytest.raises(ValueError, match="e2e_s"):
+        SLO(1.0, 0.1, e2e_s=0.0)
+    with pytest.raises(ValueError, match="end-to-end"):
+        SchedulingEnv(slo=deadline)
+    env = ClusterEnv(cluster="1x:llama-3.1-8b/a100-80gb", trace=tr, episode_requests=2,
+                     load=1.0, slo=deadline, train_fraction=1.0, capacity_rps=1.0)
+    env.reset(seed=0, options={"start": 0, "load": 1.0})
+    total, done = 0.0, False
+    while not done:
+        _, r, done, _, _ = env.step(0)
+        total += r
+    c = env.cluster
+    assert c is not None
+    from cbgym.cluster.results import cluster_result
+
+    assert total == int(meets_slo(cluster_result(c, {}).requests, deadline).sum())

@@ -67,6 +67,7 @@ def attempts_and_clients(c: Cluster, req: pd.DataFrame) -> tuple[pd.DataFrame, p
     done = last["status"].to_numpy() == "finished"
     # the client's view: its TTFT runs from its first send, across retries
     last["ttft_s"] = np.where(done, last["first_token_s"].to_numpy() - first, np.nan)
+    last["e2e_s"] = np.where(done, last["finish_s"].to_numpy() - first, np.nan)
     served = last["outcome"].isin(["good", "late"]).to_numpy()
     final_outcome = np.where(served, np.where(meets_slo(last, c.slo), "good", "late"),
                              last["outcome"].to_numpy()).astype(object)

@@ -21,7 +21,7 @@ from cbgym.cluster.run import cluster_capacity, resolve_cluster
 from cbgym.cluster.tables import loads_array
 from cbgym.env.action import InvalidActionError
 from cbgym.env.cluster_vector_ops import INSTANCE_FEATURES, REQUEST_FEATURES, encode_into
-from cbgym.metrics import SLO, slo_arrays, tbt_targets
+from cbgym.metrics import SLO, e2e_targets, slo_arrays, tbt_targets
 from cbgym.workload.trace import Trace
 
 # (INSTANCE_FEATURES and REQUEST_FEATURES, the observation's features, live beside the
@@ -221,7 +221,8 @@ instance with chunked prefill); a masked or malformed action raises
         self.cluster, start, load = self.new_episode(self.np_random, options or {})
         window = self.cluster.trace  # (with a client model: a slot per attempt)
         ttft, tpot = slo_arrays(self.slo, window.slo_class)
-        self._targets = (ttft, tpot, tbt_targets(self.slo, window.slo_class))
+        self._targets = (ttft, tpot, tbt_targets(self.slo, window.slo_class),
+                         e2e_targets(self.slo, window.slo_class))
         self._good = 0
         self._rp = self.cluster.next_routing_point()
         assert self._rp is not None, "an episode has requests"
@@ -300,7 +301,7 @@ instance with chunked prefill); a masked or malformed action raises
         c = self.cluster
         assert c is not None
         t = merged_table(c)
-        ttft_t, tpot_t, tbt = self._targets
+        ttft_t, tpot_t, tbt, e2e = self._targets
         n0 = c.num_offered
         first = t.arrival_s[np.arange(t.n) % n0] if t.n > n0 else t.arrival_s
         with np.errstate(invalid="ignore"):
@@ -308,6 +309,8 @@ instance with chunked prefill); a masked or malformed action raises
                   & (tpot(t.first_token_s, t.finish_s, t.generated) <= tpot_t))
             if tbt is not None:
                 ok &= t.itl_max_s <= tbt
+            if e2e is not None:
+                ok &= t.finish_s - first <= e2e
             if c.edge:
                 ok &= c.C.req[K.OUTCOME] == K.O_NONE
         return int(ok.sum())

@@ -51,7 +51,7 @@ from cbgym.env import cluster_vector_ops as co
 from cbgym.env.action import InvalidActionError
 from cbgym.env.cluster_env import ClusterEnv
 from cbgym.env.vector import env_seeds, use_threads
-from cbgym.metrics import tbt_targets
+from cbgym.metrics import has_e2e, tbt_targets
 
 __all__ = ["ClusterVectorEnv"]
 
@@ -97,6 +97,9 @@ class ClusterVectorEnv(VectorEnv):
                 "ClusterVectorEnv: the native vector env has no edge yet (admission= and "
                 "client=); gym.make_vec builds a SyncVectorEnv of ClusterEnv for such tasks")
         self.proto = proto = ClusterEnv(**kwargs)  # the arguments' checks, spaces, routes
+        if has_e2e(proto.slo):
+            raise NotImplementedError("ClusterVectorEnv: the native vector env's compiled "
+                                      "reward has no end-to-end deadlines (SLO.e2e_s) yet")
         proto.capacity()  # measured once, shared by every env
         self.num_envs, self.num_threads, self.copy = int(num_envs), num_threads, copy
         E = self.num_envs

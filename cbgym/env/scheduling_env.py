@@ -35,7 +35,7 @@ from cbgym.env.render import render_rgb, render_text
 from cbgym.env.reward import COMPONENTS, RewardWeights, StepOutcome
 from cbgym.env.tenant_obs import KEY as TENANT_KEY
 from cbgym.env.tenant_obs import check_tenant_features, tenant_obs, tenant_space
-from cbgym.metrics import SLO, SimulationResult, SLOSpec, slo_arrays
+from cbgym.metrics import SLO, SimulationResult, SLOSpec, check_slo, has_e2e, slo_arrays
 from cbgym.workload.trace import Trace
 
 __all__ = ["SchedulingEnv", "SchedulingMaskedEnv"]
@@ -315,6 +315,10 @@ class SchedulingEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
         self.episode_requests = episode_requests
         self.window_start_range = window_start_range
         self.slo: SLOSpec = slo if slo is not None else SLO()
+        check_slo(self.slo)
+        if has_e2e(self.slo):  # (the compiled reward judges TTFT and TPOT)
+            raise ValueError("slo: the scheduling env's reward does not judge end-to-end "
+                             "deadlines (SLO.e2e_s) yet; simulate() and bench do")
         self.K, self.R = K, R
         self.window_rule = window_rule
         self.skip_trivial = skip_trivial
