@@ -207,3 +207,63 @@ def test_a_batch_class_with_an_end_to_end_deadline() -> None:
     from cbgym.cluster.results import cluster_result
 
     assert total == int(meets_slo(cluster_result(c, {}).requests, deadline).sum())
+
+
+def test_review_fixes_of_the_tenant_tasks() -> None:
+    """max_episode_steps through the fallback vector envs; negative tenant ids; duplicate
+    tenants; the derived trace found and cached; per-SLO aging ranks every iteration."""
+    import gymnasium as gym
+
+    from cbgym.agents import make_policy
+    from cbgym.tasks.cluster_tasks import make_cluster_vector_env
+
+    with pytest.raises(ValueError, match="given twice"):
+        make_policy("vtc:0=2,0=3")
+    assert make_policy("vtc:00=2").weights == {0: 2.0}  # type: ignore[attr-defined]
+    assert make_policy("sjf-ctx-slo-aging:1").consult == "every_iteration"
+    with pytest.raises(ValueError, match="no step limit"):
+        make_cluster_vector_env(2, "conv-2x-overload-retries", max_episode_steps=10)
+    tr = Trace.from_arrays(np.arange(6.0), np.full(6, 100), np.full(6, 10),
+                           tenant=np.array([-1, 0, 1, -1, 0, 1]), name="neg")
+    env = SchedulingEnv(trace=tr, load=None, episode_requests=6, tenant_features=2)
+    obs, _ = env.reset(seed=0)
+    assert np.isfinite(obs[KEY]).all() and (obs[KEY] >= 0).all() and (obs[KEY] <= 1).all()
+    from cbgym.workload.catalog import find_trace, load_trace
+
+    if find_trace("azure-conv-2023") and find_trace("azure-code-2023"):
+        assert find_trace("tenants-conv-code-2023") is not None
+        assert load_trace("tenants-conv-code-2023") is load_trace("tenants-conv-code-2023")
+        venv = gym.make_vec("cbgym/Scheduling-tenants-noisy-neighbour-v0", num_envs=2,
+                            max_episode_steps=5)
+        venv.reset(seed=0)
+        ended = []
+        for _ in range(6):
+            *_, trunc, _ = venv.step(np.zeros((2, venv.single_action_space.shape[0])))
+            ended.append(trunc.any())
+        assert ended[4]  # the fifth step is the last
+
+
+@pytest.mark.parametrize("timeout_on", ["completion", "first_token"])
+def test_cluster_env_rewards_never_take_back_a_good_request(timeout_on: str) -> None:
+    """An attempt the engine finished after its client's deadline is never counted good
+    (found in review: it was, until its timeout event un-counted it: a -1 reward)."""
+    from cbgym.cluster.edge_results import edge_totals
+    from cbgym.cluster.results import cluster_result
+
+    tr = synthetic_trace("conv", 600, seed=2)
+    tr = Trace.from_arrays(tr.arrival_s, tr.prompt_tokens, tr.output_tokens,
+                           slo_class=(np.arange(len(tr)) % 3).astype(np.int16), name="cls")
+    slo = {0: SLO(0.8, 0.05, tbt_s=0.3), 1: SLO(2.0, 0.1), 2: SLO(30.0, 1.0, e2e_s=12.0)}
+    client = ClientModel(timeout_s=6.0 if timeout_on == "completion" else 3.0,
+                         timeout_on=timeout_on, max_retries=2, on_abandon="leave")
+    env = ClusterEnv(cluster="2x:llama-3.1-8b/a100-80gb", trace=tr, episode_requests=500,
+                     load=1.6, slo=slo, client=client, train_fraction=1.0)
+    env.reset(seed=0, options={"start": 0})
+    rng = np.random.default_rng(0)
+    rewards, done = [], False
+    while not done:
+        _, r, done, _, _ = env.step(int(rng.choice(len(env.routes), p=[0.45, 0.45, 0.1])))
+        rewards.append(r)
+    assert min(rewards) >= 0
+    assert env.cluster is not None
+    assert sum(rewards) == edge_totals(cluster_result(env.cluster, {}))["good"]

@@ -15,7 +15,8 @@ waited means more to a request with a 450 ms TTFT target than to one with 30 s, 
 credit is ``W`` seconds of work per TTFT target waited: ``key - W waited / T`` with ``T`` the
 request's class's target (for one class of target T, ``slo-aging:W`` is ``aging:W/T``).
 Requests of different targets then trade places as time passes, so the key is no longer
-static: the policy ranks at its decision points (its base's ``consult``).
+static: the policy ranks at every iteration with a request waiting (``consult =
+"every_iteration"``; a Python call each).
 """
 
 from __future__ import annotations
@@ -48,6 +49,8 @@ def with_aging(base: type[KeyPolicy], per_slo: bool = False) -> type[KeyPolicy]:
         )
         name = f"{base.name}-{'slo-' if per_slo else ''}aging"
         static_key = base.static_key and not per_slo
+        # requests of different targets trade places as time passes: rank every iteration
+        consult = "every_iteration" if per_slo else base.consult
 
         def __init__(self, spec: str | float | None = None, *base_args: object) -> None:
             if spec is None:

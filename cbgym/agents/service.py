@@ -102,12 +102,15 @@ def tenant_map(owner: str, label: str, value: object, positive: bool = True
                         f"'TENANT=VALUE,...', got {type(value).__name__}")
     out: dict[int, float] = {}
     for t, v in items:
+        integral = isinstance(t, int | np.integer) and not isinstance(t, bool)
         try:
-            tenant = int(t)
-        except (TypeError, ValueError):
+            tenant = int(t.strip()) if isinstance(t, str) else int(t) if integral else -1
+        except ValueError:
             raise ValueError(f"{owner} {label}: tenant {t!r} is not an int id") from None
-        if tenant < 0 or str(t).strip().lstrip("+") not in (str(tenant), f"{tenant}.0"):
+        if tenant < 0:
             raise ValueError(f"{owner} {label}: tenant {t!r} is not an int id >= 0")
+        if tenant in out:
+            raise ValueError(f"{owner} {label}: tenant {tenant} given twice")
         out[tenant] = number(owner, f"{label}[{tenant}]", v, positive)
     return out
 

@@ -313,6 +313,12 @@ instance with chunked prefill); a masked or malformed action raises
                 ok &= t.finish_s - first <= e2e
             if c.edge:
                 ok &= c.C.req[K.OUTCOME] == K.O_NONE
+                # (an attempt the engine finished after its client's deadline is abandoned
+                # once the timeout event is handled: never count it good meanwhile)
+                timeout = c.client.timeout_s if c.client is not None else None
+                if timeout is not None:
+                    done = t.finish_s if c.client.timeout_on == "completion" else t.first_token_s
+                    ok &= done - t.arrival_s <= timeout
         return int(ok.sum())
 
 

@@ -52,8 +52,10 @@ RATE_WINDOW = 32
 
 
 def count_scale(x: np.ndarray | float) -> np.ndarray:
-    """Scale counts (tokens, requests, blocks) to [0, 1]: ``log2(1 + x) / 24``."""
-    return np.minimum(np.log2(1.0 + np.asarray(x, dtype=np.float64)) * (1.0 / _COUNT_SPAN), 1.0)
+    """Scale counts (tokens, requests, blocks) to [0, 1]: ``log2(1 + x) / 24`` (a negative
+    id, which a Trace allows for tenants, reads as 0)."""
+    x = np.maximum(np.asarray(x, dtype=np.float64), 0.0)
+    return np.minimum(np.log2(1.0 + x) * (1.0 / _COUNT_SPAN), 1.0)
 
 
 def count_unscale(v: np.ndarray | float) -> np.ndarray:

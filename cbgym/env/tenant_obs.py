@@ -2,7 +2,8 @@
 
 With ``tenant_features=T`` the observation gains ``waiting_tenants`` (T x 3, tenant-major:
 ``reshape(T, 3)``; the key sorts after the others, so the flat layout only grows at its end),
-one row per tenant id 0 .. T-1 (requests of other tenants are not counted):
+one row per tenant id 0 .. T-1 (requests of other tenants, negative ids included, are not
+counted):
 
 | Index | Feature | Meaning |
 |---|---|---|
@@ -50,11 +51,11 @@ def tenant_obs(s: State, tenant: np.ndarray, T: int) -> np.ndarray:
     req, times = s.req, s.times
     started = ~np.isnan(times[L.FIRST_SCHEDULED])
     service = W_IN * req[L.PROMPT] * started + W_OUT * req[L.GENERATED]
-    keep = tenant < T
+    keep = (tenant >= 0) & (tenant < T)
     counter = np.bincount(tenant[keep], weights=service[keep], minlength=T)[:T]
     waiting_ids = s.ids[L.WAIT_Q, : s.si[L.N_WAIT]]
     who = tenant[waiting_ids]
-    backlog = np.bincount(who[who < T], minlength=T)[:T].astype(np.float64)
+    backlog = np.bincount(who[(who >= 0) & (who < T)], minlength=T)[:T].astype(np.float64)
     out = np.zeros((T, len(FEATURES)), np.float32)
     total = counter.sum()
     if total > 0:

@@ -149,6 +149,9 @@ def make_cluster_vector_env(num_envs: int = 1, task: str = DEFAULT_CLUSTER_TASK,
         from cbgym.env.cluster_env import ClusterEnv
         from cbgym.env.sync_vector import SyncTaskVectorEnv
 
+        if vector.get("max_episode_steps") is not None:  # (as the native env refuses it)
+            raise ValueError("the cluster env ends when its window drains; it has no step "
+                             f"limit (max_episode_steps={vector['max_episode_steps']!r})")
         mode = vector.get("autoreset_mode", gym.vector.AutoresetMode.NEXT_STEP)
         return SyncTaskVectorEnv([lambda: ClusterEnv(**env_kwargs)] * num_envs,
                                  autoreset_mode=mode)

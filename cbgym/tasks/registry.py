@@ -220,6 +220,9 @@ def make_vector_env(num_envs: int = 1, task: str = DEFAULT_TASK, masked: bool = 
         vector = {k: kwargs.pop(k) for k in ("autoreset_mode",) if k in kwargs}
         for k in ("num_threads", "copy", "observation_mode"):
             kwargs.pop(k, None)
+        if kwargs.get("max_episode_steps") is not None:  # (the native env's name for it)
+            kwargs["max_steps"] = kwargs.pop("max_episode_steps")
+        kwargs.pop("max_episode_steps", None)
         return SyncTaskVectorEnv([lambda: make_env(task, masked, **kwargs)] * num_envs,
                                  **vector)
     cls = SchedulingMaskedVectorEnv if masked else SchedulingVectorEnv

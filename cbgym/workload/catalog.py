@@ -43,6 +43,7 @@ TRACE_DIR_ENV = "CBGYM_TRACE_DIR"
 SYNTHETIC_NAMES = ("synthetic-conv", "synthetic-code")
 # traces built from catalogue traces: name -> (its parts, how they are combined)
 DERIVED = {"tenants-conv-code-2023": ("azure-conv-2023", "azure-code-2023")}
+_DERIVED_CACHE: dict[str, tuple[list[Trace], Trace]] = {}
 _CHUNK = 1 << 20
 _TIMEOUT_S = 60.0
 _SPLITWISE = (
@@ -144,7 +145,11 @@ def _search_dirs(cache_dir: str | Path | None) -> list[tuple[str, Path]]:
 
 
 def find_trace(name: str, *, cache_dir: str | Path | None = None) -> Path | None:
-    """Where the file of catalogue trace ``name`` is on disk, or None (nothing is downloaded)."""
+    """Where the file of catalogue trace ``name`` is on disk, or None (nothing is downloaded).
+    A derived trace: its first part's file, if every part is found."""
+    if name in DERIVED:
+        found = [find_trace(part, cache_dir=cache_dir) for part in DERIVED[name]]
+        return found[0] if all(found) else None
     entry = _entry(name)
     for _, directory in _search_dirs(cache_dir):
         candidate = directory / entry.filename
@@ -328,7 +333,11 @@ def load_trace(
 
         parts = [load_trace(p, cache_dir=cache_dir, download=download, **options)
                  for p in DERIVED[text]]
-        return replace(conv_code_tenants(*parts), name=text)
+        held = _DERIVED_CACHE.get(text)  # (rebuilt only when a part was reloaded)
+        if held is None or any(a is not b for a, b in zip(held[0], parts, strict=True)):
+            held = (parts, replace(conv_code_tenants(*parts), name=text))
+            _DERIVED_CACHE[text] = held
+        return held[1]
     if not isinstance(name_or_path, str) or os.sep in text or path.suffix:
         raise TraceNotFoundError(
             f"no trace file at {path.resolve()} (and it is not a known trace name: "
