@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
-from typing import Any
+
+from cbgym.cluster.cli_bench import fail_on, out_dir
 
 OVERLOAD_CLUSTER = "1x:llama-3.1-8b/a100-80gb"
 NOISY_ENGINE = "llama-3.1-8b/a100-80gb"
@@ -34,13 +34,6 @@ def add_options(p: argparse.ArgumentParser) -> None:
                    help="--noisy-neighbour: the interactive tenant's share of requests")
 
 
-def _fail(parser: argparse.ArgumentParser, option: str, call: Any) -> Any:
-    try:
-        return call()
-    except (ValueError, TypeError) as exc:
-        parser.error(f"{option}: {exc}")
-
-
 def _given(args: argparse.Namespace, parser: argparse.ArgumentParser, dest: str) -> bool:
     """Whether option ``dest`` was given a value other than its default (argparse passes a
     string default through the option's type)."""
@@ -56,16 +49,6 @@ def _reject(args: argparse.Namespace, parser: argparse.ArgumentParser, mode: str
     used = [opt for opt in options if _given(args, parser, opt.lstrip("-").replace("-", "_"))]
     if used:
         parser.error(f"{', '.join(used)}: not used with {mode}")
-
-
-def _out_dir(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Path | None:
-    if not args.out:
-        return None
-    out = Path(args.out)
-    if out.exists() and not out.is_dir():
-        parser.error(f"--out: {out} exists and is not a directory")
-    _fail(parser, "--out", lambda: out.mkdir(parents=True, exist_ok=True))
-    return out
 
 
 def cmd_overload(args: argparse.Namespace, parser: argparse.ArgumentParser,
@@ -84,16 +67,16 @@ def cmd_overload(args: argparse.Namespace, parser: argparse.ArgumentParser,
     if args.retries < 0:
         parser.error(f"--retries: {args.retries!r}, expected an int >= 0")
     name = args.cluster or OVERLOAD_CLUSTER
-    cluster = _fail(parser, "--cluster", lambda: ClusterConfig.preset(name))
+    cluster = fail_on(parser, "--cluster", lambda: ClusterConfig.preset(name))
     policies = args.policies if _given(args, parser, "policies") else ("fcfs",)
     if len(policies) != 1:
         parser.error("--policies: with --overload give one local policy (every instance's)")
-    _fail(parser, "--policies", lambda: check_policy(policies[0]))
+    fail_on(parser, "--policies", lambda: check_policy(policies[0]))
     loads = args.loads if _given(args, parser, "loads") else LOADS
-    client = _fail(parser, "--timeout", lambda: client_model(args.timeout, args.retries,
+    client = fail_on(parser, "--timeout", lambda: client_model(args.timeout, args.retries,
                                                              args.abandon))
-    out = _out_dir(args, parser)
-    traces = {n: _fail(parser, "--trace", lambda n=n: resolve_trace(n, args.download))
+    out = out_dir(args, parser)
+    traces = {n: fail_on(parser, "--trace", lambda n=n: resolve_trace(n, args.download))
               for n in args.trace}
     if chosen:
         print(chosen)
@@ -134,12 +117,12 @@ def cmd_noisy_neighbour(args: argparse.Namespace, parser: argparse.ArgumentParse
         parser.error(f"--share: {args.share!r}, expected in (0, 1)")
     policies = args.policies if _given(args, parser, "policies") else POLICIES
     for spec in policies:
-        _fail(parser, "--policies", lambda s=spec: check_policy(s))
+        fail_on(parser, "--policies", lambda s=spec: check_policy(s))
     loads = args.loads if _given(args, parser, "loads") else (1.0,)
     if len(loads) != 1:
         parser.error("--loads: --noisy-neighbour takes one load")
     engine_name = args.engine if _given(args, parser, "engine") else NOISY_ENGINE
-    engine = _fail(parser, "--engine", lambda: EngineConfig(preset=engine_name))
+    engine = fail_on(parser, "--engine", lambda: EngineConfig(preset=engine_name))
     if given_trace:
         if len(args.trace) != 2:
             parser.error("--trace: --noisy-neighbour takes two traces, INTERACTIVE,BATCH")
@@ -149,10 +132,10 @@ def cmd_noisy_neighbour(args: argparse.Namespace, parser: argparse.ArgumentParse
         real = NOISY_TRACES[0]
         names = real if all(find_trace(n) for n in real) else NOISY_TRACES[1]
         print(f"traces: {names[0]} (interactive), {names[1]} (batch)")
-    chat, batch = (_fail(parser, "--trace", lambda n=n: resolve_trace(n, args.download))
+    chat, batch = (fail_on(parser, "--trace", lambda n=n: resolve_trace(n, args.download))
                    for n in names)
-    out = _out_dir(args, parser)
-    mixed, mu = _fail(parser, "--window-requests", lambda: noisy_neighbour_mix(
+    out = out_dir(args, parser)
+    mixed, mu = fail_on(parser, "--window-requests", lambda: noisy_neighbour_mix(
         chat, batch, args.window_requests, args.share, loads[0], engine))
     n_chat = int((mixed.tenant == 0).sum())
     print(f"{len(mixed)} requests ({n_chat} interactive, {len(mixed) - n_chat} batch), "

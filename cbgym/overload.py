@@ -25,7 +25,6 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import replace
 
 import numpy as np
 import pandas as pd
@@ -164,8 +163,8 @@ def plot_collapse(results: pd.DataFrame, path: str) -> None:
 
 def client_model(timeout_s: float, retries: int, abandon: str) -> ClientModel:
     """The bench's clients: OpenAI-SDK-like retries with the reference's backoff."""
-    return replace(ClientModel(), timeout_s=timeout_s, max_retries=retries,
-                   on_abandon=abandon)  # type: ignore[arg-type]
+    return ClientModel(timeout_s=timeout_s, max_retries=retries,
+                       on_abandon=abandon)  # type: ignore[arg-type]
 
 
 __all__ = ["LOADS", "MODES", "client_model", "edges", "format_table", "overload_sweep",

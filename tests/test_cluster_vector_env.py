@@ -166,13 +166,14 @@ def shrink_buffers(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """From now on clusters are built with room for 2 events, 2 transfers and 4 transfer
     ids, and engines with 8 time-series rows: their loops stop for Python to grow and empty
     them. The list of the codes served, in order."""
+    from cbgym.cluster import cluster as cluster_module
     from cbgym.engine import layout as L
 
-    build, serve = Cluster._cluster_state, Cluster.serve_stop
+    build, serve = cluster_module.cluster_state, Cluster.serve_stop
     served: list[int] = []
 
-    def small(self: Cluster, *args: Any) -> K.ClusterState:
-        C = build(self, *args)
+    def small(c: Cluster, *args: Any) -> K.ClusterState:
+        C = build(c, *args)
         nic = C.link.cap[: len(C.link.cap) // 2].copy()
         return C._replace(heap_t=np.zeros(2), heap=np.zeros((4, 2), np.int64),
                           tid_rid=np.zeros(4, np.int64),
@@ -182,7 +183,7 @@ def shrink_buffers(monkeypatch: pytest.MonkeyPatch) -> list[int]:
         served.append(code)
         serve(self, code)
 
-    monkeypatch.setattr(Cluster, "_cluster_state", small)
+    monkeypatch.setattr(cluster_module, "cluster_state", small)
     monkeypatch.setattr(Cluster, "serve_stop", spy)
     monkeypatch.setattr(L, "REC_ROWS", 8)
     return served

@@ -11,11 +11,23 @@ UNIFIED_ROUTERS = ("round-robin", "least-outstanding", "jsq-tokens")
 DISAGG_ROUTERS = ("always-disaggregate", "dynamo", "kairos")
 
 
-def _fail(parser: argparse.ArgumentParser, option: str, call: Any) -> Any:
+def fail_on(parser: argparse.ArgumentParser, option: str, call: Any) -> Any:
+    """``call()``, a ValueError or TypeError turned into the parser's one-line error."""
     try:
         return call()
     except (ValueError, TypeError) as exc:
         parser.error(f"{option}: {exc}")
+
+
+def out_dir(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Path | None:
+    """``--out`` made (a directory) before any work, or None without it."""
+    if not args.out:
+        return None
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        parser.error(f"--out: {out} exists and is not a directory")
+    fail_on(parser, "--out", lambda: out.mkdir(parents=True, exist_ok=True))
+    return out
 
 
 def cmd_cluster_bench(args: argparse.Namespace, parser: argparse.ArgumentParser,
@@ -32,7 +44,7 @@ def cmd_cluster_bench(args: argparse.Namespace, parser: argparse.ArgumentParser,
             getattr(args, k) for k in ("max_num_seqs", "max_num_batched_tokens", "preemption",
                                        "no_chunked_prefill")):
         parser.error("--cluster names its engine (MODEL/GPU): the engine options do not apply")
-    cluster = _fail(parser, "--cluster", lambda: ClusterConfig.preset(args.cluster))
+    cluster = fail_on(parser, "--cluster", lambda: ClusterConfig.preset(args.cluster))
     default = parser.get_default("policies")
     if isinstance(default, str):  # (argparse converts a string default on parsing)
         default = tuple(x.strip() for x in default.split(",") if x.strip())
@@ -40,7 +52,7 @@ def cmd_cluster_bench(args: argparse.Namespace, parser: argparse.ArgumentParser,
     if given and len(args.policies) != 1:
         parser.error("--policies: with --cluster give one local policy (every instance's)")
     policy = args.policies[0] if given else "fcfs"
-    _fail(parser, "--policies", lambda: check_policy(policy))
+    fail_on(parser, "--policies", lambda: check_policy(policy))
     ignored = [opt for opt, dest in (("--capacity-sample", "capacity_sample"),
                                      ("--warmup", "warmup"), ("--workers", "workers"),
                                      ("--cdf-load", "cdf_load"), ("--no-plots", "no_plots"),
@@ -54,14 +66,10 @@ def cmd_cluster_bench(args: argparse.Namespace, parser: argparse.ArgumentParser,
     from cbgym.cluster.routing import RouterContext
 
     for spec in routers:  # a router that cannot serve this cluster fails here, not mid-sweep
-        _fail(parser, "--routers",
+        fail_on(parser, "--routers",
               lambda s=spec: make_router(s).reset(RouterContext(config=cluster)))
-    if args.out:
-        out = Path(args.out)
-        if out.exists() and not out.is_dir():
-            parser.error(f"--out: {out} exists and is not a directory")
-        _fail(parser, "--out", lambda: out.mkdir(parents=True, exist_ok=True))
-    traces = {n: _fail(parser, "--trace", lambda n=n: resolve_trace(n, args.download))
+    out_dir(args, parser)
+    traces = {n: fail_on(parser, "--trace", lambda n=n: resolve_trace(n, args.download))
               for n in args.trace}
     if chosen:
         print(chosen)

@@ -53,10 +53,8 @@ from cbgym.cluster.edge import (
     ClientModel,
     attempt_slots,
     check_edge,
-    edge_settings,
 )
 from cbgym.cluster.routing import (
-    LOAD_FIELDS,
     ROLE_CODES,
     InvalidRouteError,
     Loads,
@@ -66,7 +64,7 @@ from cbgym.cluster.routing import (
     RoutingPoint,
     check_route,
 )
-from cbgym.cluster.tables import loads_of, rule_settings, static_tables
+from cbgym.cluster.tables import NOT_ROUTED, cluster_state, loads_of
 from cbgym.engine import gaps, handoff
 from cbgym.engine import layout as L
 from cbgym.engine.decision import Policy, PolicyContext
@@ -74,8 +72,6 @@ from cbgym.engine.engine import Engine
 from cbgym.engine.jit import bind
 from cbgym.metrics import SLO, SLOSpec, slo_arrays
 from cbgym.workload.trace import Trace
-
-NOT_ROUTED = -1
 
 
 class Cluster:
@@ -166,7 +162,7 @@ class Cluster:
             handoff.decided_in_kernel(eng.state, keyed)
         self.P = K.batched_params([e.params for e in self.engines])
         self.rule = self._rule(router)
-        self.C = self._cluster_state(trace, config, router, lock_step, audit, seed)
+        self.C = cluster_state(self, trace, router, lock_step, audit, seed)
         reads = router is None or router.reads_loads
         # (the edge reads live queues at each arrival: no routing ahead of time)
         self.C.ci[K.EAGER] = (eager and not lock_step and all(self._keyed) and not self.edge
@@ -198,48 +194,6 @@ class Cluster:
         if isinstance(router, CompiledRule) and type(router).route is CompiledRule.route:
             return router.kernel_rule()
         return ro.DOOR, {}
-
-    def _cluster_state(self, trace: Trace, config: ClusterConfig, router: Router | None,
-                       lock_step: bool, audit: bool, seed: int) -> K.ClusterState:
-        n, N, n0 = len(trace), config.num_instances, self.num_offered
-        inst, _ = static_tables(config)
-        inst[K.KEYED] = self._keyed
-        code, params = self.rule
-        ci = np.zeros(K.NUM_CCI, np.int64)
-        ci[K.N_INST], ci[K.ROUTER] = N, code
-        ci[K.READS_LOADS] = router is None or router.reads_loads
-        ci[K.PIPELINED] = config.link.mode == "pipelined"
-        ci[K.AUDIT] = audit
-        ci[K.LOCK_STEP] = lock_step
-        si = np.zeros(K.NUM_CSI, np.int64)
-        si[K.STOPPED] = -1
-        # whose clock bounds each instance's: every other prefill or decode instance (an
-        # event can reach an instance through a chain: D2 starts a transfer, P's blocks are
-        # freed when it lands, P admits and delivers to D1; a new transfer can also make
-        # another land earlier), none for a unified one
-        pd = self.role != ROLE_CODES["unified"]
-        peer = np.ones((N, N), np.int64) if lock_step else np.outer(pd, pd).astype(np.int64)
-        np.fill_diagonal(peer, 0)
-        req = np.zeros((K.NUM_CREQ, n), np.int64)
-        req[K.PREFILL_I] = req[K.DECODE_I] = NOT_ROUTED
-        req[K.ATTEMPT] = np.arange(n) // max(n0, 1)
-        cf = rule_settings(config, params)
-        edge_settings(ci, cf, n0, self.admission, self.client)
-        jitter = np.random.default_rng(seed).random(n) if self.client else np.zeros(0)
-        # (a few events per request are pending at once; _grow doubles it if ever short)
-        hcap = 4 * n + N * max(e.max_num_seqs for e in config.engines) + 64
-        nic = np.full(N, config.link.nic_bytes_per_s)
-        f64, i64 = np.float64, np.int64
-        return K.ClusterState(
-            ci, cf, si, np.zeros(K.NUM_CSF), np.ascontiguousarray(trace.arrival_s[:n0], f64),
-            np.ascontiguousarray(trace.prompt_tokens, i64),
-            np.ascontiguousarray(trace.output_tokens, i64), np.ascontiguousarray(self.ttft, f64),
-            np.ascontiguousarray(self.tpot, f64), req, self._times, inst,
-            peer, np.zeros(hcap),
-            np.zeros((4, hcap), np.int64), np.zeros(n + 64, np.int64),
-            np.zeros((len(LOAD_FIELDS), N)), np.zeros((len(LOAD_FIELDS), N)),
-            np.zeros(K.ROUTE_FIELDS, np.int64), jitter,
-            K.new_link(nic, config.link.setup_s, cap=max(64, min(n, 4096) + 8)))
 
     def _bind(self) -> None:
         C, S, P = self.C, self.S, self.P

@@ -1,13 +1,23 @@
-"""What the compiled cluster reads, built from Python objects: the instances' static rows and
-cost coefficients, a rule's settings, and load reports as arrays (and back)."""
+"""What the compiled cluster reads, built from Python objects: its whole starting state, the
+instances' static rows and cost coefficients, a rule's settings, and load reports as arrays
+(and back)."""
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from cbgym.cluster import state as K
 from cbgym.cluster.config import ClusterConfig
-from cbgym.cluster.routing import LOAD_FIELDS, ROLE_CODES, Loads
+from cbgym.cluster.edge import edge_settings
+from cbgym.cluster.routing import LOAD_FIELDS, ROLE_CODES, Loads, Router
+
+if TYPE_CHECKING:
+    from cbgym.cluster.cluster import Cluster
+    from cbgym.workload.trace import Trace
+
+NOT_ROUTED = -1
 
 
 def static_tables(config: ClusterConfig) -> tuple[np.ndarray, np.ndarray]:
@@ -53,3 +63,48 @@ def loads_of(a: np.ndarray, t: float) -> Loads:
             if k not in ("kv_usage", "last_iteration_s")}
     return Loads(report_s=float(t), kv_usage=cols["kv_usage"],
                  last_iteration_s=cols["last_iteration_s"], **ints)
+
+
+def cluster_state(c: Cluster, trace: Trace, router: Router | None, lock_step: bool,
+                  audit: bool, seed: int) -> K.ClusterState:
+    """The compiled state of cluster ``c`` starting on ``trace`` (its request slots)."""
+    config = c.config
+    n, N, n0 = len(trace), config.num_instances, c.num_offered
+    inst, _ = static_tables(config)
+    inst[K.KEYED] = c._keyed
+    code, params = c.rule
+    ci = np.zeros(K.NUM_CCI, np.int64)
+    ci[K.N_INST], ci[K.ROUTER] = N, code
+    ci[K.READS_LOADS] = router is None or router.reads_loads
+    ci[K.PIPELINED] = config.link.mode == "pipelined"
+    ci[K.AUDIT] = audit
+    ci[K.LOCK_STEP] = lock_step
+    si = np.zeros(K.NUM_CSI, np.int64)
+    si[K.STOPPED] = -1
+    # whose clock bounds each instance's: every other prefill or decode instance (an
+    # event can reach an instance through a chain: D2 starts a transfer, P's blocks are
+    # freed when it lands, P admits and delivers to D1; a new transfer can also make
+    # another land earlier), none for a unified one
+    pd = c.role != ROLE_CODES["unified"]
+    peer = np.ones((N, N), np.int64) if lock_step else np.outer(pd, pd).astype(np.int64)
+    np.fill_diagonal(peer, 0)
+    req = np.zeros((K.NUM_CREQ, n), np.int64)
+    req[K.PREFILL_I] = req[K.DECODE_I] = NOT_ROUTED
+    req[K.ATTEMPT] = np.arange(n) // max(n0, 1)
+    cf = rule_settings(config, params)
+    edge_settings(ci, cf, n0, c.admission, c.client)
+    jitter = np.random.default_rng(seed).random(n) if c.client else np.zeros(0)
+    # (a few events per request are pending at once; _grow doubles it if ever short)
+    hcap = 4 * n + N * max(e.max_num_seqs for e in config.engines) + 64
+    nic = np.full(N, config.link.nic_bytes_per_s)
+    f64, i64 = np.float64, np.int64
+    return K.ClusterState(
+        ci, cf, si, np.zeros(K.NUM_CSF), np.ascontiguousarray(trace.arrival_s[:n0], f64),
+        np.ascontiguousarray(trace.prompt_tokens, i64),
+        np.ascontiguousarray(trace.output_tokens, i64), np.ascontiguousarray(c.ttft, f64),
+        np.ascontiguousarray(c.tpot, f64), req, c._times, inst,
+        peer, np.zeros(hcap),
+        np.zeros((4, hcap), np.int64), np.zeros(n + 64, np.int64),
+        np.zeros((len(LOAD_FIELDS), N)), np.zeros((len(LOAD_FIELDS), N)),
+        np.zeros(K.ROUTE_FIELDS, np.int64), jitter,
+        K.new_link(nic, config.link.setup_s, cap=max(64, min(n, 4096) + 8)))

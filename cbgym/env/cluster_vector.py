@@ -50,7 +50,7 @@ from cbgym.engine.jit import bind
 from cbgym.env import cluster_vector_ops as co
 from cbgym.env.action import InvalidActionError
 from cbgym.env.cluster_env import ClusterEnv
-from cbgym.env.vector import env_seeds, use_threads
+from cbgym.env.vector import env_seeds, reset_options, use_threads
 from cbgym.metrics import has_e2e, tbt_targets
 
 __all__ = ["ClusterVectorEnv"]
@@ -145,19 +145,8 @@ class ClusterVectorEnv(VectorEnv):
                 ``ClusterEnv``'s options do (one value for every env, or one per env, None
                 for drawn), and as there the fixed draws are skipped.
         """
-        options = dict(options or {})
-        mask = options.pop("reset_mask", None)
-        fixed = {k: options.pop(k) for k in ("start", "load") if k in options}
-        if options:
-            raise ValueError(f"reset(options=...): unknown keys {sorted(options)}; known: "
-                             "['load', 'reset_mask', 'start']")
+        mask, fixed = reset_options(options, self.num_envs, self._started, need_one=True)
         E = self.num_envs
-        mask = np.ones(E, np.bool_) if mask is None else np.asarray(mask)
-        if mask.shape != (E,) or mask.dtype != np.bool_ or not mask.any():
-            raise ValueError(f"options['reset_mask'] must be a bool array of shape ({E},) "
-                             f"with a True, got {mask.dtype} {mask.shape}")
-        if not self._started and not mask.all():
-            raise ResetNeeded("the first reset() must start every env (no reset_mask)")
         seeds = env_seeds(seed, self.num_envs)
         per_env = [{} for _ in range(E)]  # type: list[dict[str, Any]]
         for key, value in fixed.items():

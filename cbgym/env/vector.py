@@ -69,6 +69,27 @@ def use_threads(n: int) -> None:
         _THREADS.n = n
 
 
+def reset_options(options: dict[str, Any] | None, num_envs: int, started: bool,
+                  need_one: bool = False) -> tuple[np.ndarray, dict[str, Any]]:
+    """A native vector env's ``reset`` options: the ``reset_mask`` (bool, N; all by default,
+    contiguous: kernels read it) and the ``start`` / ``load`` it fixes; unknown keys, a
+    malformed mask (``need_one``: one with no True) or a first reset that leaves an env out
+    are clear errors."""
+    options = dict(options or {})
+    mask = options.pop("reset_mask", None)
+    fixed = {k: options.pop(k) for k in ("start", "load") if k in options}
+    if options:
+        raise ValueError(f"reset(options=...): unknown keys {sorted(options)}; known: "
+                         "['load', 'reset_mask', 'start'] (a vector env keeps its trace)")
+    mask = np.ones(num_envs, np.bool_) if mask is None else np.asarray(mask)
+    if mask.shape != (num_envs,) or mask.dtype != np.bool_ or (need_one and not mask.any()):
+        raise ValueError(f"options['reset_mask'] must be a bool array of shape ({num_envs},)"
+                         f"{' with a True' if need_one else ''}, got {mask.dtype} {mask.shape}")
+    if not started and not mask.all():
+        raise ResetNeeded("the first reset() must start every env (no reset_mask)")
+    return np.ascontiguousarray(mask), fixed
+
+
 def env_seeds(seed: int | list[int | None] | None, num_envs: int) -> list[int | None]:
     """Each env's seed from ``reset(seed=)``: s + i for an int s, a list as given (ints >= 0
     or None), None for all."""
@@ -220,21 +241,7 @@ class SchedulingVectorEnv(VectorEnv):
                 (the generators still advance as if drawn, so with these options env i no
                 longer matches a single env draw for draw).
         """
-        options = dict(options or {})
-        mask = options.pop("reset_mask", None)
-        fixed = {k: options.pop(k) for k in ("start", "load") if k in options}
-        if options:
-            raise ValueError(f"reset(options=...): unknown keys {sorted(options)}; known: "
-                             "['load', 'reset_mask', 'start'] (a vector env keeps its trace)")
-        if mask is None:
-            mask = np.ones(self.num_envs, np.bool_)
-        mask = np.asarray(mask)
-        if mask.shape != (self.num_envs,) or mask.dtype != np.bool_:
-            raise ValueError(f"options['reset_mask'] must be a bool array of shape "
-                             f"({self.num_envs},), got {mask.dtype} {mask.shape}")
-        mask = np.ascontiguousarray(mask)  # the kernel reads it as contiguous
-        if not self._started and not mask.all():
-            raise ResetNeeded("the first reset() must start every env (no reset_mask)")
+        mask, fixed = reset_options(options, self.num_envs, self._started)
         seeds = env_seeds(seed, self.num_envs)
         windows = self.draws.fixed(fixed, mask)
         # everything checked: now apply
