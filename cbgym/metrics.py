@@ -223,6 +223,10 @@ class SimulationResult:
         out["throughput_rps"] = float(len(fin) / span) if span > 0 else 0.0
         out["throughput_tok_s"] = float(fin["output_tokens"].sum() / span) if span > 0 else 0.0
         out["num_preemptions"] = float(self.requests["preemptions"].sum())
+        # vLLM's counters (tokens looked up / found at first admission); 0 with caching off
+        cache = self.meta.get("prefix_cache", {})
+        out["prefix_cache_queries"] = float(cache.get("queries", 0))
+        out["prefix_cache_hits"] = float(cache.get("hits", 0))
         out["iterations"] = float(self.timeseries["num_iterations"].sum())
         out["sim_seconds"] = self.sim_seconds
         out["wall_seconds"] = float(self.meta.get("wall_seconds", float("nan")))
@@ -318,6 +322,7 @@ def requests_frame(table: Any, slo: SLOSpec,
             "e2e_s": table.finish_s - table.arrival_s,
             "queue_s": table.first_scheduled_s - table.arrival_s,
             "preemptions": table.preemptions,
+            "cached_tokens": table.cached_tokens,
             "status": status,
             "reason": reason,
             **(extra or {}),

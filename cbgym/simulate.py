@@ -254,7 +254,7 @@ def collect(eng: Engine, slo: SLOSpec, meta: dict) -> SimulationResult:
         iterations=iterations,
         preemption_log=preemptions,
         slo=slo,
-        meta=meta,
+        meta={**meta, "prefix_cache": eng.prefix_cache_stats} if eng.prefix_caching else meta,
     )
 
 

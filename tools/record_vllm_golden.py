@@ -10,9 +10,32 @@ Run by hand only, inside a separate venv that has vLLM (never part of the test s
 It drives the real `vllm.v1.core.sched.scheduler.Scheduler` on CPU with no model: each step calls
 `schedule()`, then feeds back a fake `ModelRunnerOutput` (one sampled token for every request whose
 scheduled tokens reach its end, none for a partial prefill chunk) and records which requests got how
-many tokens, who was preempted and who finished. Prefix caching is off, the policy is FCFS
-(or vLLM's priority policy for the ``priority_*`` workloads) and scheduling is synchronous, so the
-decisions depend only on token counts, priorities and KV block counts.
+many tokens, who was preempted and who finished. The policy is FCFS (or vLLM's priority policy for
+the ``priority_*`` workloads) and scheduling is synchronous.
+
+Prefix caching is off in all workloads but the ``prefix_*`` ones, so their decisions depend only on
+token counts, priorities and KV block counts. The ``prefix_*`` workloads run with automatic prefix
+caching on (``CacheConfig(enable_prefix_caching=True)``, sha256 block hashes, one hash per 16-token
+block, chained over the prefix as the engine core computes them). Their requests carry
+``hash_ids`` with the Mooncake trace's meaning: one id per 16-token block of the prompt (the last
+one covers a final partial block), chained, so requests with equal ids at block k have identical
+tokens over blocks 0..k. The prompt token ids are built from them (`prompt_token_ids`):
+
+* the full block with id ``h`` (0 <= h < 20000**4) is ``100 + d`` for the four base-20000 digits
+  ``d`` of ``h`` (least significant first), then ``100 + (12*h + k) % 20000`` for k = 0..11: token
+  ids 100..20099, and different ids give different blocks (the digits);
+* a final partial block, and every block of a request without ``hash_ids``, is request-unique:
+  block b of request r (its integer id) is ``20100 + r, 100 + b % 20000, 100 + b // 20000 % 20000``,
+  then ``100 + (13*r + 16*b + k) % 20000`` for k = 0..12, cut to the prompt's length. Its first
+  token (20100 + r, never in a hash-id block) makes it unique to the request, however short;
+* request r samples token ``30100 + r`` at every step (`fake_model_output`), so blocks filled by
+  generated tokens never collide between requests either (cbgym treats output as unique).
+
+So vLLM's own hashes see exactly the shared prefixes the ids describe. Caching workloads also
+record, per step, ``cached`` (for each request admitted or re-admitted after preemption in that
+step: [id, tokens found in the local prefix cache]) and ``evicted`` (blocks whose cached hash was
+dropped when schedule() reused them), and at the top level vLLM's cumulative ``prefix_cache_stats``
+(queries and hits of first admissions, and of re-admissions after preemption, counted apart).
 """
 
 from __future__ import annotations
@@ -32,8 +55,16 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
 
 BLOCK_SIZE = 16
-# Any id that is neither EOS nor a stop token works: ignore_eos and max_tokens make lengths exact.
-SAMPLED_TOKEN = 5
+# Token id ranges (the tiny model's vocabulary is 32,000; no id is EOS or a stop token, and
+# ignore_eos and max_tokens make lengths exact anyway): blocks named by a hash id use
+# HASH_TOKEN_BASE + [0, HASH_TOKEN_RANGE); request-unique blocks start with UNIQUE_TOKEN_BASE + r;
+# request r samples SAMPLED_TOKEN_BASE + r.
+HASH_TOKEN_BASE = 100
+HASH_TOKEN_RANGE = 20_000
+HASH_ID_DIGITS = 4  # hash ids below HASH_TOKEN_RANGE ** 4
+UNIQUE_TOKEN_BASE = HASH_TOKEN_BASE + HASH_TOKEN_RANGE
+SAMPLED_TOKEN_BASE = 30_100
+MAX_REQUESTS = 32_000 - SAMPLED_TOKEN_BASE
 # A workload that has not drained after this many steps is stuck (head-of-line deadlock).
 MAX_STEPS = 20_000
 DEFAULT_OUT = Path(__file__).resolve().parent.parent / "tests" / "golden" / "vllm"
@@ -47,6 +78,7 @@ class EngineSetup:
     max_model_len: int
     enable_chunked_prefill: bool = True
     policy: str = "fcfs"  # vLLM's SchedulerConfig.policy: "fcfs" or "priority"
+    enable_prefix_caching: bool = False
 
 
 @dataclass(frozen=True)
@@ -56,6 +88,8 @@ class RequestSpec:
     output_tokens: int
     arrival_step: int
     priority: int = 0  # vLLM's Request.priority (lower first); read only by "priority"
+    # One chained id per 16-token block of the prompt (Mooncake's hash_ids); None: all unique.
+    hash_ids: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -74,6 +108,10 @@ class StepRecord:
     finished: list[str]
     # KV blocks free right after schedule() allocated, before finished requests release theirs.
     free_blocks: int
+    # With prefix caching: [id, cache-hit tokens] of each request admitted this step (first time
+    # or after preemption), and the cached blocks schedule() evicted to reuse them.
+    cached: list[tuple[str, int]] = field(default_factory=list)
+    evicted: int = 0
 
 
 @dataclass
@@ -84,6 +122,12 @@ class Recording:
     # Times one request needed more than one victim before it fitted (or preempted itself).
     multi_victim_requests: int = 0
     preempted_after_output: int = 0
+    # Cache-hit blocks taken back from the free queue (their owners had all freed them).
+    hits_on_free_blocks: int = 0
+    # Admissions after a preemption that found some of their tokens still cached.
+    resumed_with_hit: int = 0
+    # vLLM's PrefixCacheStats, summed over the steps (make_prefix_cache_stats resets them).
+    prefix_cache_stats: dict[str, int] = field(default_factory=dict)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -302,9 +346,176 @@ def priority_self_preempt() -> Workload:
     )
 
 
+# Prefix caching. Hash ids are numbered as a trace numbers its blocks: a fresh id per new block.
+
+
+class _HashIds:
+    def __init__(self, start: int = 0) -> None:
+        self.next = start
+
+    def take(self, n: int) -> tuple[int, ...]:
+        ids = tuple(range(self.next, self.next + n))
+        self.next += n
+        return ids
+
+    def prompt(self, prompt_tokens: int, prefix: tuple[int, ...] = ()) -> tuple[int, ...]:
+        """Ids of a prompt that starts with the full blocks ``prefix`` names (as far as the
+        prompt has full blocks), the rest its own."""
+        shared = prefix[: prompt_tokens // BLOCK_SIZE]
+        return shared + self.take(-(-prompt_tokens // BLOCK_SIZE) - len(shared))
+
+
+def _caching(num_gpu_blocks: int, max_num_batched_tokens: int, max_num_seqs: int = 16,
+             max_model_len: int = 4096) -> EngineSetup:
+    return EngineSetup(num_gpu_blocks=num_gpu_blocks, max_num_seqs=max_num_seqs,
+                       max_num_batched_tokens=max_num_batched_tokens,
+                       max_model_len=max_model_len, enable_prefix_caching=True)
+
+
+def prefix_shared_system() -> Workload:
+    rng = random.Random(31)
+    ids = _HashIds()
+    families = [ids.take(n) for n in (4, 7, 10)]
+    specs: list[RequestSpec] = []
+    step = 0
+    for i in range(24):
+        if i:
+            step += rng.choice([0, 1, 3, 5, 8, 12])
+        rid = str(i)
+        output = rng.randint(2, 24)
+        if i in (9, 15, 20):  # a second turn: an earlier prompt's full blocks, then more
+            first = specs[rng.randrange(len(specs))]
+            prompt = min(300, first.prompt_tokens + rng.randint(20, 90))
+            full_blocks = (first.hash_ids or ())[: first.prompt_tokens // BLOCK_SIZE]
+            specs.append(RequestSpec(rid, prompt, output, step,
+                                     hash_ids=ids.prompt(prompt, full_blocks)))
+            continue
+        if i == 13:  # no shared prefix at all
+            prompt = rng.randint(70, 300)
+            specs.append(RequestSpec(rid, prompt, output, step, hash_ids=ids.prompt(prompt)))
+            continue
+        family = families[i % 3] if i < 3 else rng.choice(families)
+        prompt = rng.randint(max(70, len(family) * BLOCK_SIZE + 1), 300)
+        specs.append(RequestSpec(rid, prompt, output, step, hash_ids=ids.prompt(prompt, family)))
+    return Workload(
+        "prefix_shared_system",
+        "Prefix caching on, ample KV memory: 24 requests of 70-300 tokens, most starting with one"
+        " of 3 system prompts (4, 7 and 10 full blocks), three second turns that extend an"
+        " earlier prompt's full blocks and one with no shared block; short outputs. Hits on"
+        " blocks of running requests (also ones allocated earlier in the same step) and on"
+        " cached blocks their owners have freed (taken back from the free queue).",
+        _caching(num_gpu_blocks=1000, max_num_batched_tokens=1024),
+        specs,
+    )
+
+
+def prefix_eviction() -> Workload:
+    # Seed 28 was picked by search: 12 hits, 3 of them partial (a returning prefix whose tail
+    # blocks were evicted first, its head still cached) and 2 returning prefixes lost entirely.
+    rng = random.Random(28)
+    ids = _HashIds()
+    families = [ids.take(n) for n in (6, 5, 8)]
+    specs: list[RequestSpec] = []
+    step = 0
+    for i in range(32):
+        if i:
+            step += rng.choice([1, 2, 3, 4, 6, 20]) if i % 8 else 25
+        output = rng.randint(4, 24)
+        if rng.random() < 0.5:
+            family = rng.choice(families)
+            prompt = rng.randint(len(family) * BLOCK_SIZE + 5, 200)
+        else:
+            family, prompt = (), rng.randint(60, 240)
+        specs.append(RequestSpec(str(i), prompt, output, step, hash_ids=ids.prompt(prompt, family)))
+    return Workload(
+        "prefix_eviction",
+        "Prefix caching on, small KV memory (60 blocks, 59 usable), max_num_seqs=4: 32"
+        " requests of 60-240 tokens, half starting with one of 3 prefixes (6, 5 and 8 blocks),"
+        " half with no shared block, some after long gaps: freed cached blocks are evicted"
+        " lazily when reused (least recently freed first, each request's tail block first),"
+        " so a returning prefix finds all, part or none of its blocks.",
+        _caching(num_gpu_blocks=60, max_num_batched_tokens=512, max_num_seqs=4),
+        specs,
+    )
+
+
+def prefix_full_hit() -> Workload:
+    ids = _HashIds()
+    a, b, c, d, e, f = (ids.take(n) for n in (4, 8, 1, 7, 10, 44))
+    specs: list[RequestSpec] = []
+
+    def add(step: int, prompt: int, output: int, hash_ids: tuple[int, ...]) -> None:
+        specs.append(RequestSpec(str(len(specs)), prompt, output, step, hash_ids=hash_ids))
+
+    add(0, 64, 8, a)            # 4 full blocks
+    add(0, 64, 12, a)           # the same, same step: hit 48 on blocks allocated just before
+    add(2, 128, 6, b)           # 8 full blocks
+    add(4, 16, 5, c)            # one block: a full hit is capped to 0 tokens
+    add(6, 100, 9, d)           # 6 full blocks + 4 tokens (d[6] is the partial block's id)
+    add(8, 704, 10, f)          # 44 blocks, prefilled in 3 chunks by the 256 budget
+    add(9, 704, 7, f)           # its duplicate, while the first is mid prefill: no budget is
+    #                             left until the first's last chunk, which is allocated (and
+    #                             its blocks cached) before the duplicate's lookup: hit 688
+    add(10, 160, 6, e)          # 10 full blocks
+    add(20, 16, 4, c)           # C again, finished: still no hit (16 - 1 < 16)
+    add(24, 17, 5, c + ids.take(1))  # C + 1 token: hit 16
+    add(30, 128, 6, b)          # B again after it finished: hit 112 from free cached blocks
+    add(30, 100, 8, d)          # D again, same ids (partial block too): hit 96
+    add(31, 100, 3, d)          # and once more
+    add(34, 64, 5, a)           # A a third time: two cached copies of its last block
+    add(36, 160, 4, e[:9] + ids.take(1))  # E's first 9 blocks, then its own: hit 144
+    add(38, 160, 4, e)          # E whole: hit 144 (capped), the last block recomputed
+    add(40, 704, 5, f)          # F whole, fully cached: hit 688
+    add(44, 81, 6, d[:5] + ids.take(1))   # D's first 5 blocks + 1 token: hit 80
+    return Workload(
+        "prefix_full_hit",
+        "Prefix caching on, ample KV memory, budget 256: prompts repeated exactly, multiples of"
+        " 16 (the hit stops one block short: at most prompt - 1 tokens, floored to a block) and"
+        " not (the partial block is never shared, even under the same hash id), a 16-token"
+        " prompt that can never hit, a 704-token prompt duplicated while it is mid chunked"
+        " prefill (admitted with the last chunk, whose blocks are cached at allocation),"
+        " repeats once the originals have finished, and a third copy of a prompt"
+        " whose last block is cached twice.",
+        _caching(num_gpu_blocks=1000, max_num_batched_tokens=256),
+        specs,
+    )
+
+
+def prefix_preempt() -> Workload:
+    # As `preempt`, with shared prefixes and a smaller budget. Seed 36 was picked by search: 13
+    # preemptions (3 of the tail request itself), every victim re-admitted with a hit, 8 of
+    # them on more than the shared prefix (their own freed blocks, not yet reused).
+    rng = random.Random(36)
+    ids = _HashIds()
+    families = [ids.take(n) for n in (6, 9, 12)]
+    specs: list[RequestSpec] = []
+    step = 0
+    while len(specs) < 12:
+        step += rng.randint(0, 14)
+        family = rng.choice(families)
+        for _ in range(min(rng.choice([1, 2, 2, 3]), 12 - len(specs))):
+            prompt = rng.choice([120, 200, 250, 300, 420]) + rng.randint(0, 15)
+            output = rng.randint(30, 160)
+            specs.append(RequestSpec(str(len(specs)), prompt, output, step,
+                                     hash_ids=ids.prompt(prompt, family)))
+    first = specs[0].arrival_step
+    specs = [replace(s, arrival_step=s.arrival_step - first) for s in specs]
+    return Workload(
+        "prefix_preempt",
+        "Prefix caching on, tight KV memory (64 blocks, 63 usable), budget 192: 12 requests in"
+        " small groups sharing one of 3 prefixes (6, 9 and 12 blocks), prompts of 120-435"
+        " tokens chunked while their prefixes are being cached, outputs of 30-160: recompute"
+        " preemptions whose victims re-query the cache when re-admitted (hits on the shared"
+        " prefix still held by others, and on their own freed blocks not yet reused).",
+        _caching(num_gpu_blocks=64, max_num_batched_tokens=192, max_model_len=2048),
+        specs,
+    )
+
+
 WORKLOADS = {w.__name__: w for w in (basic, chunked, preempt, max_seqs, mixed_random, no_chunking,
                                      priority_order, priority_preempt, priority_mixed_random,
-                                     priority_self_preempt)}
+                                     priority_self_preempt, prefix_shared_system, prefix_eviction,
+                                     prefix_full_hit, prefix_preempt)}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -352,7 +563,9 @@ def build_scheduler(setup: EngineSetup, model_dir: Path) -> Any:
         async_scheduling=False,
         policy=setup.policy,
     )
-    cache_config = CacheConfig(block_size=BLOCK_SIZE, enable_prefix_caching=False)
+    cache_config = CacheConfig(
+        block_size=BLOCK_SIZE, enable_prefix_caching=setup.enable_prefix_caching
+    )
     vllm_config = VllmConfig(
         model_config=model_config,
         scheduler_config=scheduler_config,
@@ -369,12 +582,27 @@ def build_scheduler(setup: EngineSetup, model_dir: Path) -> Any:
         kv_cache_groups=[KVCacheGroupSpec(["layer"], spec)],
     )
     vllm_config.cache_config.num_gpu_blocks = setup.num_gpu_blocks
+    # log_stats makes the KV cache manager keep PrefixCacheStats; it changes no decision.
     return Scheduler(
         vllm_config=vllm_config,
         kv_cache_config=kv_cache_config,
         structured_output_manager=StructuredOutputManager(vllm_config),
         block_size=BLOCK_SIZE,
+        log_stats=setup.enable_prefix_caching,
     )
+
+
+def make_block_hasher(scheduler: Any) -> Any:
+    """What EngineCore gives each Request when prefix caching is on (None when off): the chained
+    per-block hashes, with the configured algorithm and its NONE_HASH seed."""
+    if not scheduler.cache_config.enable_prefix_caching:
+        return None
+    from vllm.utils.hashing import get_hash_fn_by_name
+    from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+
+    hash_fn = get_hash_fn_by_name(scheduler.cache_config.prefix_caching_hash_algo)
+    init_none_hash(hash_fn)
+    return get_request_block_hasher(BLOCK_SIZE, hash_fn)
 
 
 def check_setup_applied(scheduler: Any, setup: EngineSetup) -> None:
@@ -391,6 +619,9 @@ def check_setup_applied(scheduler: Any, setup: EngineSetup) -> None:
         sc.policy,
         scheduler.num_lookahead_tokens,
         scheduler.kv_cache_manager.block_pool.get_num_free_blocks(),
+        scheduler.kv_cache_manager.enable_caching,
+        scheduler.kv_cache_manager.watermark_blocks,
+        scheduler.scheduler_reserve_full_isl,
     )
     wanted = (
         setup.max_num_seqs,
@@ -403,12 +634,76 @@ def check_setup_applied(scheduler: Any, setup: EngineSetup) -> None:
         setup.policy,
         0,
         setup.num_gpu_blocks - 1,
+        setup.enable_prefix_caching,
+        0,
+        True,
     )
     if actual != wanted:
         raise RuntimeError(f"vLLM changed the configuration: {actual} != {wanted}")
 
 
-def make_request(spec: RequestSpec, order: int) -> Any:
+def hash_id_block_tokens(hash_id: int) -> list[int]:
+    """The 16 tokens of a full block named by a hash id: its base-20000 digits, then filler."""
+    if not 0 <= hash_id < HASH_TOKEN_RANGE**HASH_ID_DIGITS:
+        raise ValueError(f"hash id {hash_id} out of range")
+    digits = [hash_id // HASH_TOKEN_RANGE**k % HASH_TOKEN_RANGE for k in range(HASH_ID_DIGITS)]
+    filler = [(12 * hash_id + k) % HASH_TOKEN_RANGE for k in range(BLOCK_SIZE - HASH_ID_DIGITS)]
+    return [HASH_TOKEN_BASE + t for t in digits + filler]
+
+
+def unique_block_tokens(request: int, block: int) -> list[int]:
+    """The 16 tokens of block ``block`` of request ``request`` where it shares nothing: the first
+    token names the request (no hash-id block has it), the next two the block."""
+    head = [
+        UNIQUE_TOKEN_BASE + request,
+        HASH_TOKEN_BASE + block % HASH_TOKEN_RANGE,
+        HASH_TOKEN_BASE + block // HASH_TOKEN_RANGE % HASH_TOKEN_RANGE,
+    ]
+    filler = [
+        HASH_TOKEN_BASE + (13 * request + 16 * block + k) % HASH_TOKEN_RANGE
+        for k in range(BLOCK_SIZE - len(head))
+    ]
+    return head + filler
+
+
+def prompt_token_ids(spec: RequestSpec) -> list[int]:
+    """Full blocks from their hash ids; a final partial block, or every block of a request with
+    no hash ids, unique to the request (cbgym never shares a partial block)."""
+    rid = int(spec.id)
+    if not 0 <= rid < MAX_REQUESTS:
+        raise ValueError(f"request id {spec.id} outside the token ranges")
+    num_blocks = -(-spec.prompt_tokens // BLOCK_SIZE)
+    if spec.hash_ids is not None and len(spec.hash_ids) != num_blocks:
+        raise ValueError(f"request {spec.id}: {len(spec.hash_ids)} hash ids, {num_blocks} blocks")
+    tokens: list[int] = []
+    for b in range(num_blocks):
+        full = (b + 1) * BLOCK_SIZE <= spec.prompt_tokens
+        if spec.hash_ids is not None and full:
+            tokens += hash_id_block_tokens(spec.hash_ids[b])
+        else:
+            tokens += unique_block_tokens(rid, b)
+    return tokens[: spec.prompt_tokens]
+
+
+def sampled_token(request_id: str) -> int:
+    """Each request samples its own token, so no two requests' generated blocks are equal."""
+    return SAMPLED_TOKEN_BASE + int(request_id)
+
+
+def check_hash_ids(requests: list[RequestSpec]) -> None:
+    """Chained ids: an id names its whole prefix, so it has one position, one parent and one
+    block length (a partial block's id is never a full block's)."""
+    seen: dict[int, tuple[int, int | None, int]] = {}
+    for spec in requests:
+        ids = spec.hash_ids or ()
+        for k, h in enumerate(ids):
+            length = min(BLOCK_SIZE, spec.prompt_tokens - k * BLOCK_SIZE)
+            place = (k, ids[k - 1] if k else None, length)
+            if seen.setdefault(h, place) != place:
+                raise ValueError(f"request {spec.id}: hash id {h} is not a chained prefix id")
+
+
+def make_request(spec: RequestSpec, order: int, block_hasher: Any = None) -> Any:
     """``order``: the request's place in the workload. Requests arriving at the same step get
     arrival times a microsecond apart in that order, as a real server's clock would give
     them (vLLM's priority queue would break (priority, arrival) ties by request id, as a
@@ -416,17 +711,15 @@ def make_request(spec: RequestSpec, order: int) -> Any:
     from vllm.sampling_params import SamplingParams
     from vllm.v1.request import Request
 
-    # Token ids do not matter with prefix caching off; keep them distinct per request anyway.
-    base = int(spec.id) * 7919
-    prompt = [1 + (base + j) % 31000 for j in range(spec.prompt_tokens)]
     params = SamplingParams(max_tokens=spec.output_tokens, ignore_eos=True)
     return Request(
         request_id=spec.id,
-        prompt_token_ids=prompt,
+        prompt_token_ids=prompt_token_ids(spec),
         sampling_params=params,
         pooling_params=None,
         arrival_time=float(spec.arrival_step) + order * 1e-6,
         priority=spec.priority,
+        block_hasher=block_hasher,
     )
 
 
@@ -464,12 +757,78 @@ def fake_model_output(scheduler: Any, scheduled_ids: list[str]) -> Any:
     from vllm.v1.outputs import ModelRunnerOutput
 
     sampled = [
-        [] if scheduler.requests[rid].is_prefill_chunk else [SAMPLED_TOKEN] for rid in scheduled_ids
+        [] if scheduler.requests[rid].is_prefill_chunk else [sampled_token(rid)]
+        for rid in scheduled_ids
     ]
     index = {rid: i for i, rid in enumerate(scheduled_ids)}
     return ModelRunnerOutput(
         req_ids=list(scheduled_ids), req_id_to_index=index, sampled_token_ids=sampled
     )
+
+
+def watch_evictions(scheduler: Any, counter: list[int], rec: Recording) -> None:
+    """Count the blocks whose cached hash BlockPool drops when it hands them out again, and (for
+    the coverage summary) the cache hits on free blocks, which touch() takes off the free queue."""
+    pool = scheduler.kv_cache_manager.block_pool
+    original_evict = pool._maybe_evict_cached_block
+    original_touch = pool.touch
+
+    def counting_evict(block: Any) -> bool:
+        evicted = original_evict(block)
+        counter[0] += bool(evicted)
+        return evicted
+
+    def counting_touch(blocks: Any) -> None:
+        rec.hits_on_free_blocks += sum(1 for b in blocks if b.ref_cnt == 0 and not b.is_null)
+        original_touch(blocks)
+
+    pool._maybe_evict_cached_block = counting_evict
+    pool.touch = counting_touch
+
+
+def admissions(out: Any, running_before: set[str]) -> list[tuple[str, int]]:
+    """[id, num_computed_tokens at admission] for the requests schedule() admitted (new ones and
+    resumed ones), in scheduling order: the local prefix-cache hit, as no connector is set."""
+    computed = {r.req_id: r.num_computed_tokens for r in out.scheduled_new_reqs}
+    cached_reqs = out.scheduled_cached_reqs
+    for rid, n in zip(cached_reqs.req_ids, cached_reqs.num_computed_tokens, strict=True):
+        if rid in cached_reqs.resumed_req_ids:
+            computed[rid] = n
+    admitted = [rid for rid in out.num_scheduled_tokens if rid not in running_before]
+    if set(admitted) != set(computed):
+        raise AssertionError(f"admitted {admitted} but new/resumed {sorted(computed)}")
+    return [(rid, computed[rid]) for rid in admitted]
+
+
+STAT_FIELDS = (
+    "requests", "queries", "hits", "preempted_requests", "preempted_queries", "preempted_hits"
+)
+
+
+def take_prefix_cache_stats(scheduler: Any, totals: dict[str, int]) -> dict[str, int]:
+    """Add this step's PrefixCacheStats to ``totals`` (taking them resets vLLM's) and return the
+    step's own."""
+    stats = scheduler.kv_cache_manager.make_prefix_cache_stats()
+    step = {k: getattr(stats, k) for k in STAT_FIELDS}
+    for k, v in step.items():
+        totals[k] = totals.get(k, 0) + v
+    return step
+
+
+def check_stats(
+    step: dict[str, int], cached: list[tuple[str, int]], queried: dict[str, tuple[bool, int]]
+) -> None:
+    """vLLM's counters agree with the admissions: a query per admission, of all its tokens,
+    counted under "preempted" when it had been preempted before."""
+    want = dict.fromkeys(STAT_FIELDS, 0)
+    for rid, hit in cached:
+        was_preempted, num_tokens = queried[rid]
+        prefix = "preempted_" if was_preempted else ""
+        want[prefix + "requests"] += 1
+        want[prefix + "queries"] += num_tokens
+        want[prefix + "hits"] += hit
+    if step != want:
+        raise AssertionError(f"prefix cache stats {step} != admissions {want}")
 
 
 def finished_ids(engine_outputs: dict[int, Any]) -> list[str]:
@@ -503,35 +862,60 @@ def note_preemptions(
 
 
 def replay(workload: Workload, model_dir: Path) -> Recording:
+    caching = workload.setup.enable_prefix_caching
+    check_hash_ids(workload.requests)
     scheduler = build_scheduler(workload.setup, model_dir)
     check_setup_applied(scheduler, workload.setup)
+    block_hasher = make_block_hasher(scheduler)
     preempt_log: list[Preemption] = []
     watch_preemptions(scheduler, preempt_log)
     pending = sorted(workload.requests, key=lambda r: (r.arrival_step, int(r.id)))
     order = {r.id: k for k, r in enumerate(pending)}
     rec = Recording()
+    evictions = [0]
+    watch_evictions(scheduler, evictions, rec)
     step = 0
     while pending or scheduler.get_num_unfinished_requests() > 0:
         if step >= MAX_STEPS:
             raise RuntimeError(f"{workload.name}: not drained after {MAX_STEPS} steps")
         while pending and pending[0].arrival_step <= step:
             spec = pending.pop(0)
-            scheduler.add_request(make_request(spec, order[spec.id]))
+            scheduler.add_request(make_request(spec, order[spec.id], block_hasher))
         outputs_before = {rid: r.num_output_tokens for rid, r in scheduler.requests.items()}
+        # What each request would query the cache with if admitted now (preempted requests
+        # re-query with their outputs too).
+        queried = {
+            rid: (r.num_preemptions > 0, r.num_tokens) for rid, r in scheduler.requests.items()
+        }
+        running_before = {r.request_id for r in scheduler.running}
         preempt_log.clear()
+        evictions[0] = 0
         out = scheduler.schedule()
+        evicted = evictions[0]
         scheduled = dict(out.num_scheduled_tokens)
+        cached = admissions(out, running_before)
         check_order(list(scheduled), [r.request_id for r in scheduler.running])
         preempted = [p.id for p in preempt_log]
         if set(preempted) != set(out.preempted_req_ids):
             raise AssertionError("preemption log disagrees with SchedulerOutput")
         free_blocks = scheduler.kv_cache_manager.block_pool.get_num_free_blocks()
+        if caching:
+            check_stats(take_prefix_cache_stats(scheduler, rec.prefix_cache_stats), cached, queried)
+            rec.resumed_with_hit += sum(1 for rid, n in cached if n and queried[rid][0])
         model_output = fake_model_output(scheduler, list(scheduled))
         engine_outputs = scheduler.update_from_output(out, model_output)
+        if evictions[0] != evicted:
+            raise AssertionError("blocks evicted outside schedule()")
         note_preemptions(rec, preempt_log, outputs_before)
         rec.steps.append(
             StepRecord(
-                step, list(scheduled.items()), preempted, finished_ids(engine_outputs), free_blocks
+                step,
+                list(scheduled.items()),
+                preempted,
+                finished_ids(engine_outputs),
+                free_blocks,
+                cached,
+                evicted,
             )
         )
         step += 1
@@ -545,7 +929,7 @@ def replay(workload: Workload, model_dir: Path) -> Recording:
 
 def golden_document(workload: Workload, rec: Recording, version: str) -> dict[str, Any]:
     s = workload.setup
-    return {
+    doc = {
         "vllm_version": version,
         "description": workload.description,
         "config": {
@@ -557,37 +941,57 @@ def golden_document(workload: Workload, rec: Recording, version: str) -> dict[st
             "enable_chunked_prefill": s.enable_chunked_prefill,
             "max_model_len": s.max_model_len,
             "policy": s.policy,
-            "enable_prefix_caching": False,
+            "enable_prefix_caching": s.enable_prefix_caching,
             "long_prefill_token_threshold": 0,
             "watermark": 0.0,
             "scheduler_reserve_full_isl": True,
         },
-        # (FCFS files keep their old form: no priority column)
-        "requests": [{k: v for k, v in asdict(r).items()
-                      if k != "priority" or s.policy == "priority"} for r in workload.requests],
-        "steps": [
-            {
-                "step": st.step,
-                "scheduled": [list(x) for x in st.scheduled],
-                "preempted": st.preempted,
-                "finished": st.finished,
-                "free_blocks": st.free_blocks,
-            }
-            for st in rec.steps
-        ],
+        # (FCFS files keep their old form: no priority column; hash_ids only where given)
+        "requests": [request_entry(r, s.policy) for r in workload.requests],
+        "steps": [step_entry(st, s.enable_prefix_caching) for st in rec.steps],
     }
+    if s.enable_prefix_caching:
+        doc["prefix_cache_stats"] = rec.prefix_cache_stats
+    return doc
+
+
+def request_entry(r: RequestSpec, policy: str) -> dict[str, Any]:
+    entry = {k: v for k, v in asdict(r).items() if k not in ("priority", "hash_ids")}
+    if policy == "priority":
+        entry["priority"] = r.priority
+    if r.hash_ids is not None:
+        entry["hash_ids"] = list(r.hash_ids)
+    return entry
+
+
+def step_entry(st: StepRecord, caching: bool) -> dict[str, Any]:
+    entry: dict[str, Any] = {
+        "step": st.step,
+        "scheduled": [list(x) for x in st.scheduled],
+        "preempted": st.preempted,
+        "finished": st.finished,
+        "free_blocks": st.free_blocks,
+    }
+    if caching:
+        entry["cached"] = [list(x) for x in st.cached]
+        entry["evicted"] = st.evicted
+    return entry
 
 
 def dump_compact(doc: dict[str, Any]) -> str:
     """One step per line: small files and readable diffs when a golden file is re-recorded."""
-    head = {k: v for k, v in doc.items() if k not in ("requests", "steps")}
+    head = {k: v for k, v in doc.items() if k not in ("requests", "steps", "prefix_cache_stats")}
     lines = [json.dumps(head)[:-1] + ","]
     lines.append(' "requests": [')
     lines.append(",\n".join("  " + json.dumps(r) for r in doc["requests"]))
     lines.append(" ],")
     lines.append(' "steps": [')
     lines.append(",\n".join("  " + json.dumps(s, separators=(",", ":")) for s in doc["steps"]))
-    lines.append(" ]")
+    if "prefix_cache_stats" in doc:
+        lines.append(" ],")
+        lines.append(' "prefix_cache_stats": ' + json.dumps(doc["prefix_cache_stats"]))
+    else:
+        lines.append(" ]")
     lines.append("}")
     return "\n".join(lines) + "\n"
 
@@ -596,9 +1000,19 @@ def summarize(name: str, rec: Recording, path: Path) -> str:
     preemptions = sum(len(s.preempted) for s in rec.steps)
     finishes = sum(len(s.finished) for s in rec.steps)
     empty = sum(1 for s in rec.steps if not s.scheduled)
+    caching = ""
+    if rec.prefix_cache_stats:
+        admitted = [c for s in rec.steps for c in s.cached]
+        caching = (
+            f"admissions={len(admitted)} hit_admissions={sum(1 for _, n in admitted if n)} "
+            f"cached_tokens={sum(n for _, n in admitted)} "
+            f"evicted={sum(s.evicted for s in rec.steps)} "
+            f"hits_on_free_blocks={rec.hits_on_free_blocks} "
+            f"resumed_with_hit={rec.resumed_with_hit} stats={rec.prefix_cache_stats} "
+        )
     return (
         f"{name:13s} steps={len(rec.steps):4d} empty={empty:3d} preemptions={preemptions:3d} "
-        f"multi_preemption_steps={rec.multi_preemption_steps} "
+        f"{caching}multi_preemption_steps={rec.multi_preemption_steps} "
         f"multi_victim={rec.multi_victim_requests} self_preemptions={rec.self_preemptions} "
         f"victims_with_output={rec.preempted_after_output} "
         f"victims_without_output={preemptions - rec.preempted_after_output} finished={finishes:3d} "

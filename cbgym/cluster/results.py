@@ -112,7 +112,8 @@ def merged_table(c: Cluster) -> SimpleNamespace:
         generated=np.where(routed, stack["generated"][la, idx], 0),
         itl_max_s=np.where(routed, stack["itl_max_s"][la, idx], nan),
         itl_p99_s=np.where(routed, stack["itl_p99_s"][la, idx], nan),
-        preemptions=np.where(routed, stack["preemptions"].sum(axis=0), 0))
+        preemptions=np.where(routed, stack["preemptions"].sum(axis=0), 0),
+        cached_tokens=np.where(routed, S.req[f, L.CACHED, idx], 0))
 
 
 def cluster_result(c: Cluster, meta: dict) -> ClusterResult:

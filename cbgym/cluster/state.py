@@ -15,6 +15,7 @@ from typing import NamedTuple
 import numpy as np
 
 from cbgym.engine import layout as L
+from cbgym.engine import prefix_cache as pc
 from cbgym.engine.jit import no_alloc_kernel
 from cbgym.engine.layout import Params, State
 
@@ -179,7 +180,8 @@ def batched_states(N: int, n: int, block_size: int, log_rows: int, gap_slots: in
                  np.zeros((N, L.NUM_ID_ROWS, n), np.int64), np.zeros((N, L.NUM_SI), np.int64),
                  np.zeros((N, L.NUM_SF)), np.zeros((N, L.REC_ROWS, len(L.REC_COLUMNS))),
                  np.zeros((N, log_rows, 3), np.int64), np.zeros((N, log_rows, 2), np.int64),
-                 np.zeros((N, block_size), np.int64), np.zeros((N, gap_slots)))
+                 np.zeros((N, block_size), np.int64), np.zeros((N, gap_slots)),
+                 *(np.zeros((N, *a.shape), np.int64) for a in pc.no_pool()))
 
 
 def batched_params(params: list[Params]) -> Params:
@@ -202,7 +204,7 @@ def instance(S: State, i: int) -> State:
     is its twin compiled with reference counting: a view returned by a kernel compiled
     without it must not reach one compiled with it (it would be released once too often)."""
     return State(S.req[i], S.times[i], S.ids[i], S.si[i], S.sf[i], S.rec[i], S.blog[i],
-                 S.plog[i], S.slots[i], S.gaps[i])
+                 S.plog[i], S.slots[i], S.gaps[i], S.blocks[i], S.cache[i], S.tables[i])
 
 
 @no_alloc_kernel

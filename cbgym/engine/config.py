@@ -103,6 +103,12 @@ class EngineConfig:
     swap_space_gib: float = 4.0
     # KV bytes per token (swap traffic); None = from the preset's model
     kv_bytes_per_token: int | None = None
+    # vLLM's automatic prefix caching (cbgym.engine.prefix_cache): on a trace with block ids
+    # (trace.extra["hash_ids"]); without them a run is as with it off
+    enable_prefix_caching: bool = False
+    # cache_salt per tenant: equal prefixes of different tenants are not shared (vLLM's
+    # per-request cache_salt, which keeps one tenant from timing another's cache)
+    cache_salt_by_tenant: bool = False
     # derived: "vllm" or "cbsjf-paper"
     mode: str = field(init=False, default="vllm")
 
@@ -187,6 +193,10 @@ class EngineConfig:
         if not isinstance(self.chunked_prefill, bool | np.bool_):
             raise _bad(self, "chunked_prefill", "a bool (True or False)")
         s(self, "chunked_prefill", bool(self.chunked_prefill))
+        for name in ("enable_prefix_caching", "cache_salt_by_tenant"):
+            if not isinstance(getattr(self, name), bool | np.bool_):
+                raise _bad(self, name, "a bool (True or False)")
+            s(self, name, bool(getattr(self, name)))
         for name, expected in _REAL_FIELDS.items():
             if not _is_real(getattr(self, name)):
                 raise _bad(self, name, expected)
@@ -215,6 +225,12 @@ class EngineConfig:
             raise bad("kv_bytes_per_token", "None or an integer >= 1")
         if self.swap_space_gib < 0:
             raise bad("swap_space_gib", ">= 0")
+        if self.enable_prefix_caching and self.mode != "vllm":
+            raise bad("enable_prefix_caching", "False in the study's engine mode (cbsjf-paper "
+                      "reserves prompt + output blocks and has no named blocks)")
+        if self.enable_prefix_caching and self.preemption == "swap":
+            raise bad("enable_prefix_caching", "False with preemption='swap' (vLLM v1 "
+                      "recomputes; swapping cached blocks is not modelled)")
         if not isinstance(self.cost_model, CostModel):
             raise bad("cost_model", "LinearCostModel, RooflineCostModel or TableCostModel (a "
                       "model of your own GPU: TableCostModel.from_csv of a profiling table, or "

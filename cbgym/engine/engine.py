@@ -21,6 +21,7 @@ from cbgym.engine.decision import Decision, DecisionPoint, Policy, validate_deci
 from cbgym.engine.jit import bind
 from cbgym.engine.kv_cache import KVCacheView
 from cbgym.engine.loop import advance, decide
+from cbgym.engine.prefix_cache import block_hashes
 from cbgym.engine.pricing import cost_params
 from cbgym.engine.recorder import Recorder
 from cbgym.engine.requests import RequestTable
@@ -65,6 +66,19 @@ def compile_params(config: EngineConfig, consult: str, keyed: bool, record: bool
     ci[L.STRETCH] = stretches
     ci[L.VICTIM_BY_KEY] = victim_by_key
     return L.Params(ci, coef)
+
+
+def trace_block_hashes(trace: Trace, config: EngineConfig) -> np.ndarray:
+    """The engine-block hashes of ``trace``'s requests from its block ids
+    (:func:`cbgym.engine.prefix_cache.block_hashes`)."""
+    assert config.block_size is not None
+    ids = trace.extra["hash_ids"]
+    tokens = trace.extra.get("hash_block_tokens")
+    if tokens is None:
+        raise ValueError(f"trace {trace.name!r}: extra['hash_ids'] without "
+                         "extra['hash_block_tokens'] (the tokens each block id stands for)")
+    return block_hashes(trace.prompt_tokens, trace.output_tokens, config.block_size, ids,
+                        tokens, trace.tenant if config.cache_salt_by_tenant else None)
 
 
 def host_swap_tokens(config: EngineConfig) -> int:
@@ -114,12 +128,17 @@ class Engine:
         self.consult = consult
         if victim_by_key and keys is None:
             raise ValueError("Engine victim_by_key=True needs keys= (the static keys it reads)")
+        self.prefix_caching = config.enable_prefix_caching and "hash_ids" in trace.extra
         self.params = compile_params(config, consult, keys is not None, record_iterations,
-                                     decode_stretches, victim_by_key)
+                                     decode_stretches and not self.prefix_caching,
+                                     victim_by_key)
+        self.params.ci[L.PREFIX] = self.prefix_caching
         self.state = s = L.new_state(trace.arrival_s, trace.prompt_tokens, trace.output_tokens,
                                      config.num_kv_blocks, host_swap_tokens(config),
                                      config.max_num_seqs, config.block_size, routed, state,
-                                     p99=itl_p99 and not config.paper_mode)
+                                     p99=itl_p99 and not config.paper_mode,
+                                     prefix_hashes=trace_block_hashes(trace, config)
+                                     if self.prefix_caching else None)
         if keys is not None:
             k = np.asarray(keys, dtype=np.float64)
             if k.shape != (len(trace),) or not np.isfinite(k).all():
@@ -276,6 +295,18 @@ class Engine:
     @property
     def total_preemptions(self) -> int:
         return int(self.state.si[L.TOTAL_PREEMPT])
+
+    @property
+    def prefix_cache_stats(self) -> dict[str, int]:
+        """Prefix-cache counters so far, in tokens as vLLM's: ``queries`` and ``hits`` of
+        first lookups (``vllm:prefix_cache_queries`` / ``_hits``), ``preempted_queries`` /
+        ``preempted_hits`` of preempted requests looking up again, and
+        ``evicted_blocks`` (cached blocks reused for other content). Zero with it off."""
+        si = self.state.si
+        return {"queries": int(si[L.PC_QUERIES]), "hits": int(si[L.PC_HITS]),
+                "preempted_queries": int(si[L.PC_PRE_QUERIES]),
+                "preempted_hits": int(si[L.PC_PRE_HITS]),
+                "evicted_blocks": int(si[L.PC_EVICTED])}
 
     @property
     def host_free_tokens(self) -> int:

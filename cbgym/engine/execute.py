@@ -6,7 +6,7 @@ import numpy as np
 
 from cbgym.engine import gaps
 from cbgym.engine.jit import no_alloc_kernel
-from cbgym.engine.kutil import end, keep_status, release, report
+from cbgym.engine.kutil import end, keep_status, named, release_as, report
 from cbgym.engine.layout import (
     ARRIVAL,
     AT_DECISION,
@@ -118,8 +118,9 @@ def close_gaps(s: State, rid: int) -> None:
 
 
 @no_alloc_kernel
-def finished(s: State, p: Params, rid: int) -> bool:
-    """End ``rid`` if it just produced its last token (or reached max_model_len)."""
+def finished(s: State, p: Params, rid: int, by_name: bool) -> bool:
+    """End ``rid`` if it just produced its last token (or reached max_model_len);
+    ``by_name``: its blocks are named (:func:`cbgym.engine.kutil.release_as`)."""
     mml = p.ci[MAX_MODEL_LEN]
     generated, output, tokens = s.req[GENERATED], s.req[OUTPUT], s.req[TOKENS]
     full = generated[rid] >= output[rid]
@@ -131,7 +132,7 @@ def finished(s: State, p: Params, rid: int) -> bool:
     if s.req[KEEP_KV, rid]:
         report(s, rid)  # a prefill instance keeps the blocks until its KV has been sent
     else:
-        release(s, rid)
+        release_as(s, rid, by_name)
     return True
 
 
@@ -140,8 +141,9 @@ def retire(s: State, p: Params, m: int) -> None:
     """End the batch's requests that produced their last token (or reached max_model_len)."""
     sched_ids, sampled = s.ids[SCHED_IDS], s.ids[SAMPLED]
     ended = False
+    by_name = named(s)
     for j in range(m):
-        if sampled[j] and finished(s, p, sched_ids[j]):
+        if sampled[j] and finished(s, p, sched_ids[j], by_name):
             ended = True
     if ended:
         s.si[N_RUN] = keep_status(s.ids[RUN_Q], s.si[N_RUN], s.req[STATUS], RUNNING)

@@ -2,13 +2,16 @@
 
 Paged KV accounting counts blocks rather than naming them (without prefix caching which
 physical block a request holds never changes a decision, as in Vidur). The invariant the
-engine keeps: ``0 <= free <= num_blocks`` and ``free + sum(held) == num_blocks``.
+engine keeps: ``0 <= free <= num_blocks`` and ``free + sum(held) == num_blocks``. With prefix
+caching blocks are named and shared (:mod:`cbgym.engine.prefix_cache`, whose state has more
+than one column): ``free`` + the blocks anybody holds ``== num_blocks``.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from cbgym.engine import prefix_cache as pc
 from cbgym.engine.jit import no_alloc_kernel
 from cbgym.engine.layout import (
     FINISH,
@@ -36,14 +39,34 @@ def grow_to(s: State, block_size: int, rid: int, num_tokens: int) -> bool:
     if need > s.si[FREE]:
         return False
     if need > 0:
-        held[rid] += need
-        s.si[FREE] -= need
+        if named(s):
+            pc.take(s, rid, need)
+        else:
+            held[rid] += need
+            s.si[FREE] -= need
     return True
+
+
+@no_alloc_kernel
+def named(s: State) -> bool:
+    """Whether the state's blocks are named (prefix caching on)."""
+    return s.blocks.shape[1] > 1
 
 
 @no_alloc_kernel
 def release(s: State, rid: int) -> None:
     """Free every block ``rid`` holds."""
+    release_as(s, rid, named(s))
+
+
+@no_alloc_kernel
+def release_as(s: State, rid: int, by_name: bool) -> None:
+    """:func:`release` where the caller knows whether blocks are named (a decode stretch,
+    which never runs with them, passes False: the named path stays out of its loop, where it
+    measurably slowed every run)."""
+    if by_name:
+        pc.give_back(s, rid)
+        return
     held = s.req[HELD]
     s.si[FREE] += held[rid]
     held[rid] = 0

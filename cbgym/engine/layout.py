@@ -28,8 +28,9 @@ def _codes(n: int) -> tuple[np.int64, ...]:
 
 # ---------------------------------------------------------------- ci: static settings (int64)
 (PAPER, BUDGET, MAX_SEQS, BLOCK_SIZE, NUM_BLOCKS, CHUNKED, MAX_MODEL_LEN, SWAP, KV_BYTES,
- CONSULT, KEYED, RECORD, COST_KIND, STRETCH, VICTIM_BY_KEY) = _codes(15)
-NUM_CI = 15
+ CONSULT, KEYED, RECORD, COST_KIND, STRETCH, VICTIM_BY_KEY, PREFIX) = _codes(16)
+NUM_CI = 16
+# PREFIX: vLLM's automatic prefix caching (cbgym.engine.prefix_cache): blocks are named
 # VICTIM_BY_KEY: the default victim is the running request with the largest static key (the
 # first of equals, in running order), as vLLM's priority policy, instead of the last admitted
 # when the engine stops to ask for a decision (cbgym.engine.Policy.consult)
@@ -41,8 +42,11 @@ NEVER, ON_CHANGE, ON_COMPLETION, EVERY_ITERATION, ALWAYS = _codes(5)
  IDLE_TICKS, HOST_FREE, SWAP_BYTES, PREEMPTED_NOW, REC_N, BLOG_N, PLOG_N, CHANGED, SHORTFALL,
  PLAN_TOTAL, PLAN_DECODING, PLAN_VALID, STAND_N, STAND_HAS, VICT_N, VICT_HAS,
  ROW_OPEN, PLAN_LEFT, PLAN_CTX, INBOX_N, OUTBOX_N, IDLED, KERNEL_POLICY, GAP_TOP,
- P99_ON) = _codes(33)
-NUM_SI = 33
+ P99_ON, PC_QUERIES, PC_HITS, PC_PRE_QUERIES, PC_PRE_HITS, PC_EVICTED) = _codes(38)
+NUM_SI = 38
+# PC_*: prefix-cache counters in tokens, as vLLM's PrefixCacheStats: queries and hits of
+# requests looked up for the first time (vllm:prefix_cache_queries / _hits), of preempted
+# ones looking up again (PRE), and cached blocks evicted for reuse
 # GAP_TOP: the most gaps a request keeps (cbgym.engine.gaps), a stretch's scratch size;
 # P99_ON: requests keep the gaps their p99 needs (else only their worst)
 # KERNEL_POLICY: a cluster's instance whose local policy is decided in the kernel (FCFS or a
@@ -100,8 +104,8 @@ class Params(NamedTuple):
 
 # ---------------------------------------------------------------- State.req rows (int64)
 (PROMPT, OUTPUT, TOKENS, COMPUTED, GENERATED, HOST_TOKENS, PREEMPTIONS, HELD, STATUS,
- REASON, KEEP_KV, REMOTE, CHUNK_CAP, RANK, GAP) = _codes(15)
-NUM_REQ_ROWS = 15
+ REASON, KEEP_KV, REMOTE, CHUNK_CAP, RANK, GAP, TABLE, N_CACHED, CACHED) = _codes(18)
+NUM_REQ_ROWS = 18
 # ---------------------------------------------------------------- State.times rows (float64)
 (ARRIVAL, FIRST_SCHEDULED, FIRST_TOKEN, FINISH, KEY, KV_EVENT, LAST_TOKEN, ITL_MAX,
  ITL_P99, GAP_MIN) = _codes(10)
@@ -110,6 +114,12 @@ NUM_TIME_ROWS = 10
 (RUN_Q, WAIT_Q, FINISH_ORDER, STAND_ORDER, STAND_VICTIMS, PLAN_TOKENS, PLAN_NEED, SCHED_IDS,
  SCHED_TOKENS, ORDER, NEVER_FIT, SAMPLED, SCRATCH, INBOX, OUTBOX) = _codes(15)
 NUM_ID_ROWS = 15
+# ---------------------------------------------------------------- State.blocks rows (int64)
+# per named block: references (requests holding it), its hash and whether it has one (in the
+# cache), its neighbours in the free queue (the last column is the queue's sentinel) and the
+# next block with the same hash (vLLM keeps duplicates)
+(B_REF, B_HASH, B_HASHED, B_PREV, B_NEXT, B_SAME) = _codes(6)
+NUM_BLOCK_ROWS = 6
 
 
 class State(NamedTuple):
@@ -128,7 +138,10 @@ class State(NamedTuple):
     # KV has been sent), REMOTE (LOCAL ... REMOTE_READY above), RANK (where a delivery
     # goes among the inbox's deliveries of the same instant: 0 before 1), CHUNK_CAP (most prompt
     # tokens per iteration; 0: the budget's); GAP (its run of largest gaps between tokens
-    # in ``gaps``: where, how large, how full, packed by cbgym.engine.gaps.pack)
+    # in ``gaps``: where, how large, how full, packed by cbgym.engine.gaps.pack); with
+    # prefix caching: TABLE (where its block table starts in ``tables``), N_CACHED (its
+    # leading blocks registered in the cache, vLLM's num_cached_block) and CACHED (the
+    # prompt tokens its first admission found cached, vLLM's num_cached_tokens)
     req: np.ndarray
     # per request: ARRIVAL (at this instance), FIRST_SCHEDULED, FIRST_TOKEN, FINISH
     # (seconds; NaN: not yet), KEY (a static policy's key: lower admitted first), KV_EVENT
@@ -158,18 +171,26 @@ class State(NamedTuple):
     plog: np.ndarray  # (rows, 2) preemptions: iteration, request id; first si[PLOG_N]
     slots: np.ndarray  # (block_size,) scratch: running requests by free slots in last block
     gaps: np.ndarray  # each request's largest gaps between tokens (cbgym.engine.gaps)
+    # prefix caching (cbgym.engine.prefix_cache; one column each when it is off):
+    blocks: np.ndarray  # (NUM_BLOCK_ROWS, num_blocks + 1) the named blocks and the free queue
+    cache: np.ndarray  # (2, capacity) the hash map: block hash -> first block holding it
+    tables: np.ndarray  # (2, sum of blocks) per request: its block ids, its block hashes
 
 
 def new_state(arrival_s: np.ndarray, prompt: np.ndarray, output: np.ndarray,
               num_blocks: int, host_free_tokens: int, max_seqs: int,
               block_size: int, routed: bool = False, out: State | None = None,
-              p99: bool = True) -> State:
+              p99: bool = True, prefix_hashes: np.ndarray | None = None) -> State:
     """A fresh run's state. Every array is C-contiguous and writeable, so a state always has
     the same numba type (an unpickled one included). ``routed``: an instance of a cluster,
     whose requests arrive only when delivered (an empty inbox). ``out``: arrays to start the
     run in instead of new ones (a cluster's instance: views into its batched state), at
     least as large as these would be. ``p99``: keep what each request's p99 gap needs
-    (``itl_p99_s``); else only its worst gap, cheaper (the study's engine mode)."""
+    (``itl_p99_s``); else only its worst gap, cheaper (the study's engine mode).
+    ``prefix_hashes``: every request's block hashes (``prefix_cache.block_hashes``): prefix
+    caching on, blocks named."""
+    from cbgym.engine import prefix_cache as pc  # (it imports this module)
+
     n = len(arrival_s)
     log_rows = max(LOG_ROWS, 4 * max_seqs)
     if p99 and n and gaps.keep(int(np.max(output))) > gaps.MASK:
@@ -187,13 +208,20 @@ def new_state(arrival_s: np.ndarray, prompt: np.ndarray, output: np.ndarray,
                   np.zeros(NUM_SI, np.int64), np.zeros(NUM_SF),
                   np.zeros((REC_ROWS, len(REC_COLUMNS))), np.zeros((log_rows, 3), np.int64),
                   np.zeros((log_rows, 2), np.int64), np.zeros(block_size, np.int64),
-                  np.zeros(gaps.slots(output)))
+                  np.zeros(gaps.slots(output)),
+                  *(pc.no_pool() if prefix_hashes is None else
+                    pc.empty_pool(num_blocks, len(prefix_hashes))))
     fill_state(s, np.ascontiguousarray(arrival_s, dtype=np.float64),
                np.ascontiguousarray(prompt, dtype=np.int64),
                np.ascontiguousarray(output, dtype=np.int64), np.int64(num_blocks),
                np.int64(host_free_tokens), p99)
     if routed:
         s.si[INBOX_N] = 0
+    if prefix_hashes is not None:
+        if s.blocks.shape[1] != num_blocks + 1 or s.tables.shape[1] < len(prefix_hashes):
+            raise ValueError("new_state: out= prefix-cache arrays do not fit this run")
+        pc.reset_pool(s, num_blocks, pc.table_offsets(prompt, output, block_size),
+                      np.asarray(prefix_hashes, np.int64))
     return s
 
 

@@ -37,6 +37,7 @@ class RequestTable:
         self.tokens, self.computed, self.generated = req[L.TOKENS], req[L.COMPUTED], req[
             L.GENERATED]
         self.host_tokens, self.preemptions = req[L.HOST_TOKENS], req[L.PREEMPTIONS]
+        self.cached_tokens = req[L.CACHED]  # found in the prefix cache at first admission
         self.status, self.reason_code = req[L.STATUS], req[L.REASON]
         self.first_scheduled_s = times[L.FIRST_SCHEDULED]
         self.first_token_s, self.finish_s = times[L.FIRST_TOKEN], times[L.FINISH]

@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import numpy as np
 
+from cbgym.engine import prefix_cache as pc
 from cbgym.engine.jit import no_alloc_kernel
 from cbgym.engine.kutil import copy_ids, grow_to, keep_status, remove, report, sort_by_key
 from cbgym.engine.layout import (
     BLOCK_SIZE,
     BUDGET,
+    CACHED,
     CHANGED,
     CHUNK_CAP,
     CHUNKED,
@@ -27,6 +29,7 @@ from cbgym.engine.layout import (
     HELD,
     HOST_TOKENS,
     KEY,
+    LOCAL,
     MAX_MODEL_LEN,
     MAX_SEQS,
     N_RUN,
@@ -36,6 +39,10 @@ from cbgym.engine.layout import (
     ORDER,
     OUTPUT,
     PAPER,
+    PC_HITS,
+    PC_PRE_HITS,
+    PC_PRE_QUERIES,
+    PC_QUERIES,
     PLAN_CTX,
     PLAN_DECODING,
     PLAN_LEFT,
@@ -43,6 +50,8 @@ from cbgym.engine.layout import (
     PLAN_TOKENS,
     PLAN_TOTAL,
     PLAN_VALID,
+    PREEMPTIONS,
+    PREFIX,
     R_KV_EXCEEDED,
     REMOTE,
     REMOTE_NEW,
@@ -192,6 +201,8 @@ def schedule_running_slow(s: State, p: Params, budget: int) -> tuple[int, int, b
                 break
         if not scheduled:
             break  # it preempted itself: the running loop ends, as vLLM's (nothing after it)
+        if p.ci[PREFIX]:
+            pc.cache_full(s, rid, min(computed[rid] + tok, tokens[rid]), bs)
         sched_ids[m] = rid
         sched_tokens[m] = tok
         m += 1
@@ -252,6 +263,24 @@ def stalled_here(s: State) -> bool:
 
 
 @no_alloc_kernel
+def take_cached(s: State, rid: int, hits: int, upto: int, total: int, bs: int) -> None:
+    """Admit ``rid`` onto its ``hits`` cached blocks: take them, new blocks for the tokens up
+    to ``upto``, register the blocks those fill, and count the lookup as vLLM's
+    PrefixCacheStats do (a preempted request's own line)."""
+    pc.adopt(s, rid, hits)
+    grow_to(s, bs, rid, upto)
+    pc.cache_full(s, rid, upto, bs)
+    si, req = s.si, s.req
+    if req[PREEMPTIONS, rid]:
+        si[PC_PRE_QUERIES] += total
+        si[PC_PRE_HITS] += hits * bs
+    else:
+        si[PC_QUERIES] += total
+        si[PC_HITS] += hits * bs
+        req[CACHED, rid] = hits * bs
+
+
+@no_alloc_kernel
 def admit(s: State, p: Params, m: int, budget: int) -> int:
     """Admit waiting requests in order until one does not fit; the new batch size.
 
@@ -289,8 +318,14 @@ def admit(s: State, p: Params, m: int, budget: int) -> int:
             remote[rid] = REMOTE_PENDING
             report(s, rid)  # the transfer starts now
             continue
-        # swapped-out KV comes back; received KV is held already; else recompute
+        # swapped-out KV comes back; received KV is held already; else recompute, from
+        # the leading blocks the prefix cache has (at most total - 1 tokens: the last one
+        # is computed for its logits)
         computed = total - 1 if remote[rid] == REMOTE_READY else host_tokens[rid]
+        hits = hit_free = np.int64(0)
+        if ci[PREFIX] and remote[rid] == LOCAL:
+            hits, hit_free = pc.lookup(s, rid, total - 1, bs)
+            computed = hits * bs
         new = total - computed
         if blocks > ci[NUM_BLOCKS] or (not chunked and new > ci[BUDGET]):
             never[n_never] = rid  # prompt + output so far outgrew the cache or the budget
@@ -305,12 +340,16 @@ def admit(s: State, p: Params, m: int, budget: int) -> int:
         # of a prompt that could then stall), but only the scheduled chunk is allocated.
         # (A waiting request holds no blocks, preemption and swap-out free them all, except
         # received KV.)
-        if blocks - held[rid] > si[FREE]:
+        # (Cached blocks nobody holds leave the free queue when taken: they count.)
+        if blocks - held[rid] - hits + hit_free > si[FREE]:
             if stalled_here(s):
                 stalled = True
                 continue
             break
-        grow_to(s, bs, rid, computed + tok)
+        if ci[PREFIX] and remote[rid] == LOCAL:
+            take_cached(s, rid, hits, computed + tok, total, bs)
+        else:
+            grow_to(s, bs, rid, computed + tok)
         start(s, p, rid, computed)
         sched_ids[m] = rid
         sched_tokens[m] = tok
@@ -331,7 +370,7 @@ def schedule(s: State, p: Params) -> int:
     """One vLLM v1 scheduling pass: running first, then waiting. The batch size."""
     si, ci = s.si, p.ci
     running, plan_tokens, plan_need = s.ids[RUN_Q], s.ids[PLAN_TOKENS], s.ids[PLAN_NEED]
-    computed, held = s.req[COMPUTED], s.req[HELD]
+    computed, held, tokens = s.req[COMPUTED], s.req[HELD], s.req[TOKENS]
     budget = ci[BUDGET]
     if not si[PLAN_VALID]:
         running_plan(s, p)
@@ -346,6 +385,8 @@ def schedule(s: State, p: Params) -> int:
         sched_ids, sched_tokens = s.ids[SCHED_IDS], s.ids[SCHED_TOKENS]
         every_decode = si[PLAN_DECODING] != 0 and n <= budget  # everyone, one token
         m = np.int64(0)
+        assert si[PLAN_TOTAL] <= si[FREE], "KV blocks over-committed"
+        named = ci[PREFIX] != 0
         for i in range(n):
             rid = running[i]
             if plan_tokens[i] > 0 or every_decode:
@@ -353,9 +394,14 @@ def schedule(s: State, p: Params) -> int:
                 sched_tokens[m] = plan_tokens[i]
                 m += 1
                 budget -= plan_tokens[i]
-            held[rid] += plan_need[i]
-        assert si[PLAN_TOTAL] <= si[FREE], "KV blocks over-committed"
-        si[FREE] -= si[PLAN_TOTAL]
+            if named:  # its new blocks by name, in running order (as vLLM allocates)
+                pc.take(s, rid, plan_need[i])
+                pc.cache_full(s, rid, min(computed[rid] + plan_tokens[i], tokens[rid]),
+                              ci[BLOCK_SIZE])
+            else:
+                held[rid] += plan_need[i]
+        if not named:
+            si[FREE] -= si[PLAN_TOTAL]
         preempted = False
     else:
         m, budget, preempted = schedule_running_slow(s, p, budget)

@@ -231,7 +231,7 @@ def decode_stretch(s: State, p: Params) -> bool:
         last_token[rid] = t
         if not ci[PAPER]:  # a decoding request holds exactly the blocks its tokens need
             held[rid] = -(-computed[rid] // bs)
-        if last and finished(s, p, rid):
+        if last and finished(s, p, rid, False):  # (never with named blocks)
             continue
         running[m] = rid
         m += 1

@@ -40,6 +40,7 @@ from gymnasium.vector.utils import batch_space
 
 from cbgym.engine import gaps
 from cbgym.engine import layout as L
+from cbgym.engine import prefix_cache as pc
 from cbgym.engine.engine import compile_params, host_swap_tokens
 from cbgym.engine.jit import bind
 from cbgym.env import kernel_ops as ko
@@ -201,7 +202,8 @@ class SchedulingVectorEnv(VectorEnv):
             np.zeros((N, L.NUM_SI), np.int64), np.zeros((N, L.NUM_SF)),
             np.zeros((N, REC_ROWS, len(L.REC_COLUMNS))), np.zeros((N, 1, 3), np.int64),
             np.zeros((N, 1, 2), np.int64), np.zeros((N, cfg.block_size), np.int64),
-            np.zeros((N, gaps.window_slots(base_trace.output_tokens, n))))
+            np.zeros((N, gaps.window_slots(base_trace.output_tokens, n))),
+            *(np.zeros((N, *a.shape), np.int64) for a in pc.no_pool()))
         settings = ko.env_settings(proto.K, proto.R, proto.window_rule == "smallest_prompt",
                                    proto.hold_threshold, proto.shed_threshold,
                                    cfg.max_num_batched_tokens, cfg.max_num_seqs,

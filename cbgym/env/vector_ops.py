@@ -103,7 +103,7 @@ def obs_slices(K: int, R: int) -> dict[str, slice]:
 def engine_at(S: State, i: int) -> State:
     """Env i's engine state (views into the batched arrays)."""
     return State(S.req[i], S.times[i], S.ids[i], S.si[i], S.sf[i], S.rec[i], S.blog[i],
-                 S.plog[i], S.slots[i], S.gaps[i])
+                 S.plog[i], S.slots[i], S.gaps[i], S.blocks[i], S.cache[i], S.tables[i])
 
 
 @kernel
