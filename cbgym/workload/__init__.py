@@ -1,4 +1,5 @@
-"""Workloads: the request trace, file loaders, named (downloadable) traces, synthetic traces."""
+"""Workloads: the request trace, file loaders, named (downloadable) traces, synthetic traces,
+multi-turn sessions with prefix-block ids."""
 
 from cbgym.workload.catalog import (
     TraceChecksumError,
@@ -15,6 +16,14 @@ from cbgym.workload.loaders import (
     load_mooncake,
     load_trace_file,
 )
+from cbgym.workload.sessions import (
+    SessionDataWarning,
+    SessionFormatError,
+    load_agent_sessions,
+    prefix_reuse,
+    previous_in_session,
+    synthetic_sessions,
+)
 from cbgym.workload.synthetic import (
     from_distributions,
     gamma_arrivals,
@@ -25,6 +34,8 @@ from cbgym.workload.trace import Trace
 
 __all__ = [
     "DroppedRowsWarning",
+    "SessionDataWarning",
+    "SessionFormatError",
     "Trace",
     "TraceChecksumError",
     "TraceFormatError",
@@ -33,11 +44,15 @@ __all__ = [
     "from_distributions",
     "gamma_arrivals",
     "known_names",
+    "load_agent_sessions",
     "load_azure",
     "load_burstgpt",
     "load_mooncake",
     "load_trace",
     "load_trace_file",
     "poisson_arrivals",
+    "prefix_reuse",
+    "previous_in_session",
+    "synthetic_sessions",
     "synthetic_trace",
 ]

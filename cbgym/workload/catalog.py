@@ -5,6 +5,10 @@
 ``~/.cache/cbgym/traces``), and finally downloads the public file into the cache, checking its
 sha256 where one is known. The URLs and checksums live here (not in the repository's
 ``traces/manifest.json``, which mirrors them) so that an installed package can fetch by itself.
+
+:data:`LOCAL_TRACES` (the Mooncake traces, the agent sessions) are looked for the same way
+but never downloaded: put them in a ``$CBGYM_TRACE_DIR`` directory (or the cache) under the
+relative path their entry names.
 """
 
 from __future__ import annotations
@@ -22,14 +26,17 @@ from typing import Any
 from tqdm import tqdm
 
 from cbgym.workload.loaders import load_trace_file
+from cbgym.workload.sessions import load_agent_sessions, synthetic_sessions
 from cbgym.workload.synthetic import synthetic_trace
 from cbgym.workload.trace import Trace
 
 __all__ = [
     "CATALOG",
+    "LOCAL_TRACES",
     "SYNTHETIC_NAMES",
     "TRACE_DIR_ENV",
     "TraceChecksumError",
+    "LocalTraceEntry",
     "TraceEntry",
     "TraceNotFoundError",
     "default_cache_dir",
@@ -40,7 +47,7 @@ __all__ = [
 ]
 
 TRACE_DIR_ENV = "CBGYM_TRACE_DIR"
-SYNTHETIC_NAMES = ("synthetic-conv", "synthetic-code")
+SYNTHETIC_NAMES = ("synthetic-conv", "synthetic-code", "synthetic-sessions")
 # traces built from catalogue traces: name -> (its parts, how they are combined)
 DERIVED = {"tenants-conv-code-2023": ("azure-conv-2023", "azure-code-2023")}
 _DERIVED_CACHE: dict[str, tuple[list[Trace], Trace]] = {}
@@ -122,9 +129,45 @@ CATALOG: dict[str, TraceEntry] = {
 }
 
 
+@dataclass(frozen=True)
+class LocalTraceEntry:
+    """A trace :func:`load_trace` knows by name but does not download (no pinned public file).
+
+    Attributes:
+        name: catalogue name, e.g. ``"mooncake-conversation"``.
+        paths: where it may lie, relative to a trace directory, in order of preference (a file,
+            or a folder of agent-session files).
+        rows: number of requests.
+        source: where the data were published.
+        licence: SPDX-style licence id.
+    """
+
+    name: str
+    paths: tuple[str, ...]
+    rows: int
+    source: str
+    licence: str = "Apache-2.0"
+
+
+_MOONCAKE = "Mooncake FAST'25 release, https://github.com/kvcache-ai/Mooncake"
+LOCAL_TRACES: dict[str, LocalTraceEntry] = {
+    entry.name: entry
+    for entry in (
+        LocalTraceEntry("mooncake-conversation",
+                        ("mooncake/conversation_trace.jsonl", "conversation_trace.jsonl"),
+                        12_031, _MOONCAKE),
+        LocalTraceEntry("mooncake-synthetic",
+                        ("mooncake/synthetic_trace.jsonl", "synthetic_trace.jsonl"),
+                        3_993, _MOONCAKE),
+        LocalTraceEntry("agent-sessions", ("agent-sessions",), 996,
+                        "40 of the kv-cache-tester project's agent session traces"),
+    )
+}
+
+
 def known_names() -> list[str]:
-    """Every name :func:`load_trace` accepts (catalogue and synthetic)."""
-    return [*CATALOG, *SYNTHETIC_NAMES, *DERIVED]
+    """Every name :func:`load_trace` accepts (catalogue, local, synthetic and derived)."""
+    return [*CATALOG, *LOCAL_TRACES, *SYNTHETIC_NAMES, *DERIVED]
 
 
 def default_cache_dir() -> Path:
@@ -150,6 +193,13 @@ def find_trace(name: str, *, cache_dir: str | Path | None = None) -> Path | None
     if name in DERIVED:
         found = [find_trace(part, cache_dir=cache_dir) for part in DERIVED[name]]
         return found[0] if all(found) else None
+    if name in LOCAL_TRACES:
+        for _, directory in _search_dirs(cache_dir):
+            for relative in LOCAL_TRACES[name].paths:
+                candidate = directory / relative
+                if candidate.exists():
+                    return candidate
+        return None
     entry = _entry(name)
     for _, directory in _search_dirs(cache_dir):
         candidate = directory / entry.filename
@@ -279,11 +329,42 @@ def _load_cached(
                  "the file is corrupt or not the published one. Delete it to re-download, "
                  "or load it by path to skip the check.")
     trace = load_trace_file(path, **dict(options))
-    return trace if entry is None else replace(trace, name=name)
+    return replace(trace, name=name) if name else trace
+
+
+@functools.lru_cache(maxsize=4)
+def _load_folder_cached(
+    path: str, stamp: tuple[tuple[str, int, int], ...], name: str,
+    options: tuple[tuple[str, Any], ...],
+) -> Trace:
+    del stamp  # only part of the key: a changed, added or removed file is a cache miss
+    trace = load_agent_sessions(path, **dict(options))
+    return replace(trace, name=name) if name else trace
+
+
+def _load_folder(path: Path, name: str, options: dict[str, Any]) -> Trace:
+    resolved = path.resolve()
+    stamp = tuple((f.name, f.stat().st_mtime_ns, f.stat().st_size)
+                  for f in sorted(resolved.glob("*.json")))
+    return _load_folder_cached(str(resolved), stamp, name, tuple(sorted(options.items())))
+
+
+def _local_not_found(entry: LocalTraceEntry, cache_dir: str | Path | None) -> TraceNotFoundError:
+    places = _search_dirs(cache_dir)
+    looked = [f"  - {label}: {d / rel}" for label, d in places for rel in entry.paths]
+    if not _env_dirs():
+        looked.insert(0, f"  - ${TRACE_DIR_ENV}: not set")
+    return TraceNotFoundError(
+        f"trace {entry.name!r} not found. Looked in:\n" + "\n".join(looked)
+        + f"\ncbgym does not download it ({entry.source}); put it in a directory named by "
+        f"${TRACE_DIR_ENV} as {entry.paths[0]}"
+    )
 
 
 @functools.lru_cache(maxsize=4)
 def _synthetic(name: str) -> Trace:
+    if name == "synthetic-sessions":
+        return synthetic_sessions(name=name)
     kind = "conv" if name == "synthetic-conv" else "code"
     return replace(synthetic_trace(kind), name=name)
 
@@ -297,17 +378,22 @@ def load_trace(
 ) -> Trace:
     """Load a trace by catalogue name or path, downloading public traces on first use.
 
-    Resolution order: an existing file path; ``synthetic-conv``/``synthetic-code`` (generated,
-    default size); a derived name (``tenants-conv-code-2023``: azure-conv-2023 as an
-    interactive tenant beside azure-code-2023 as a batch tenant,
-    :func:`cbgym.workload.tenants.conv_code_tenants`); a catalogue name, looked for in each
-    ``$CBGYM_TRACE_DIR`` directory, then
-    in ``cache_dir`` (default :func:`default_cache_dir`), then downloaded into that cache.
-    Loaded traces are cached in-process (keyed by path, mtime and size); a :class:`Trace` is
-    immutable, so callers share one object safely.
+    Resolution order: an existing file path; an existing folder (agent sessions,
+    :func:`cbgym.workload.sessions.load_agent_sessions`); ``synthetic-conv``/``synthetic-code``
+    (generated, default size) or ``synthetic-sessions``
+    (:func:`cbgym.workload.sessions.synthetic_sessions`, defaults); a local name
+    (:data:`LOCAL_TRACES`: ``mooncake-conversation``, ``mooncake-synthetic``,
+    ``agent-sessions``), looked for like a catalogue name but never downloaded; a derived name
+    (``tenants-conv-code-2023``: azure-conv-2023 as an interactive tenant beside azure-code-2023
+    as a batch tenant, :func:`cbgym.workload.tenants.conv_code_tenants`); a catalogue name,
+    looked for in each ``$CBGYM_TRACE_DIR`` directory, then in ``cache_dir`` (default
+    :func:`default_cache_dir`), then downloaded into that cache. Loaded traces are cached
+    in-process (keyed by path, mtime and size); a :class:`Trace` is immutable, so callers share
+    one object safely.
 
     Args:
-        name_or_path: a name from :func:`known_names` or a trace file path.
+        name_or_path: a name from :func:`known_names`, a trace file path or a folder of
+            agent-session files.
         cache_dir: the download cache directory (replaces the user cache).
         download: whether a missing catalogue trace may be downloaded.
         **options: passed to the file loader (e.g. ``drop_zero_output=True``).
@@ -326,8 +412,15 @@ def load_trace(
     path = Path(text).expanduser()
     if path.is_file():
         return _load_path(path, "", options)
+    if path.is_dir():
+        return _load_folder(path, "", options)
     if text in SYNTHETIC_NAMES:
         return _synthetic(text)
+    if text in LOCAL_TRACES:
+        found = find_trace(text, cache_dir=cache_dir)
+        if found is None:
+            raise _local_not_found(LOCAL_TRACES[text], cache_dir)
+        return (_load_folder if found.is_dir() else _load_path)(found, text, options)
     if text in DERIVED:  # (each part found, cached or downloaded as a catalogue trace)
         from cbgym.workload.tenants import conv_code_tenants
 

@@ -26,6 +26,7 @@ __all__ = [
     "AZURE_COLUMNS",
     "BURSTGPT_COLUMNS",
     "DroppedRowsWarning",
+    "MOONCAKE_BLOCK_TOKENS",
     "TraceFormatError",
     "load_azure",
     "load_burstgpt",
@@ -45,6 +46,8 @@ _TIMESTAMP_EXPECTED = (
     "a timestamp like '2023-11-16 18:15:46.6805900' or '2024-05-10 00:00:00.009930+00:00'"
     " between 1677-09-21 and 2262-04-11 UTC"
 )
+# Mooncake's hash_ids name 512-token blocks (the FAST'25 release's block size).
+MOONCAKE_BLOCK_TOKENS = 512
 # Counts are parsed as float64, which holds every integer only up to 2**53: a larger count (and
 # anything past int64) could not be read exactly, and its int64 cast would wrap.
 _MAX_COUNT = 2**53
@@ -437,7 +440,9 @@ def load_mooncake(path: str | Path) -> Trace:
 
     ``timestamp`` is milliseconds; it becomes seconds. ``hash_ids`` (ids of the 512-token
     prefix blocks) is kept in ``trace.extra["hash_ids"]`` as an object array of tuples (tuples,
-    not lists, so a cached trace cannot be changed through them).
+    not lists, so a cached trace cannot be changed through them), with
+    ``trace.extra["hash_block_tokens"]`` = 512 for every request (the tokens each id stands
+    for, which the engine's prefix cache needs).
 
     Args:
         path: the ``.jsonl`` file.
@@ -472,6 +477,7 @@ def load_mooncake(path: str | Path) -> Trace:
         column = np.empty(len(hashes), dtype=object)
         column[:] = [tuple(h) for h in hashes]
         extra["hash_ids"] = column
+        extra["hash_block_tokens"] = np.full(len(hashes), MOONCAKE_BLOCK_TOKENS, np.int64)
     problems.raise_first()
     _check_sorted(path, stamp, frame["timestamp"], "timestamp", lambda i: int(line_no[i]))
     return Trace.from_arrays(
@@ -482,30 +488,43 @@ def load_mooncake(path: str | Path) -> Trace:
 
 # --------------------------------------------------------------------------- dispatch
 
+def _load_agent_sessions(path: Path, **options: Any) -> Trace:
+    # imported here: cbgym.workload.sessions imports this module (TraceFormatError)
+    from cbgym.workload.sessions import load_agent_sessions
+
+    return load_agent_sessions(path, **options)
+
+
 _LOADERS: dict[str, Callable[..., Trace]] = {
     "azure": load_azure,
     "burstgpt": load_burstgpt,
     "mooncake": load_mooncake,
+    "agent-sessions": _load_agent_sessions,
 }
 
 
 def sniff_format(path: str | Path) -> str:
-    """Which loader reads ``path``: ``"azure"``, ``"burstgpt"`` or ``"mooncake"``.
+    """Which loader reads ``path``: ``"azure"``, ``"burstgpt"``, ``"mooncake"`` or
+    ``"agent-sessions"``.
 
-    Decided by the extension (``.jsonl``/``.json``: Mooncake) or else by the first line (a JSON
-    object, the Azure header or the BurstGPT header). A ``.gz`` suffix is looked through.
+    A JSON document with a top-level ``"requests": [`` list in its first 64 KiB is an agent
+    session (:func:`cbgym.workload.sessions.load_agent_sessions`). Otherwise decided by the
+    extension (``.jsonl``/``.json``: Mooncake) or else by the first line (a JSON object, the
+    Azure header or the BurstGPT header). A ``.gz`` suffix is looked through.
 
     Raises:
         TraceFormatError: the first line matches no known format.
     """
+    from cbgym.workload.sessions import is_session_file
+
     path = Path(path)
     if _base_suffix(path) in (".jsonl", ".json"):
-        return "mooncake"
+        return "agent-sessions" if is_session_file(path) else "mooncake"
     first = _first_line(path)
     if first is None:
         raise TraceFormatError(path, 1, "header", "", "a header line (the file is empty)")
     if first.lstrip().startswith("{"):
-        return "mooncake"
+        return "agent-sessions" if is_session_file(path) else "mooncake"
     header = {name.strip() for name in first.split(",")}
     # Any one known column is enough to pick the format; its loader then names what is missing.
     if header & set(AZURE_COLUMNS):
@@ -523,9 +542,10 @@ def load_trace_file(path: str | Path, **options: Any) -> Trace:
     """Load a trace file of any supported format, chosen by :func:`sniff_format`.
 
     Args:
-        path: an Azure CSV, a BurstGPT CSV or a Mooncake JSONL file (optionally ``.gz``).
+        path: an Azure CSV, a BurstGPT CSV, a Mooncake JSONL file or one agent-session JSON
+            (optionally ``.gz``).
         **options: passed to the format's loader (``drop_zero_output`` for Azure, ``model``
-            for BurstGPT).
+            for BurstGPT, ``stagger_s`` for agent sessions).
 
     Returns:
         The validated trace.
