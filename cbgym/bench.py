@@ -66,6 +66,8 @@ class BenchConfig:
         max_num_batched_tokens: engine override (None: the preset's).
         preemption: engine override, ``recompute`` or ``swap`` (None: the preset's).
         chunked_prefill: False turns chunked prefill off.
+        prefix_caching: True turns vLLM's automatic prefix caching on (traces with block
+            ids; docs/prefix-caching.md).
         ttft_s: TTFT SLO for goodput.
         tpot_s: TPOT SLO for goodput.
         warmup: fraction of each window's earliest requests left out of latency statistics.
@@ -87,6 +89,7 @@ class BenchConfig:
     max_num_batched_tokens: int | None = None
     preemption: str | None = None
     chunked_prefill: bool = True
+    prefix_caching: bool = False
     ttft_s: float = 2.0
     tpot_s: float = 0.1
     warmup: float = study.WARMUP
@@ -133,7 +136,7 @@ class BenchConfig:
     def engine_overrides(self) -> dict[str, Any]:
         """The EngineConfig fields this sweep sets on top of each preset."""
         return engine_overrides(self.max_num_seqs, self.max_num_batched_tokens, self.preemption,
-                                self.chunked_prefill)
+                                self.chunked_prefill, self.prefix_caching)
 
 
 @dataclass(frozen=True)
@@ -196,7 +199,8 @@ class BenchResult:
 
 
 def engine_overrides(max_num_seqs: int | None, max_num_batched_tokens: int | None,
-                     preemption: str | None, chunked_prefill: bool) -> dict[str, Any]:
+                     preemption: str | None, chunked_prefill: bool,
+                     prefix_caching: bool = False) -> dict[str, Any]:
     """EngineConfig fields given on the command line, to set on top of a preset."""
     over: dict[str, Any] = {}
     if max_num_seqs is not None:
@@ -207,6 +211,8 @@ def engine_overrides(max_num_seqs: int | None, max_num_batched_tokens: int | Non
         over["preemption"] = preemption
     if not chunked_prefill:
         over["chunked_prefill"] = False
+    if prefix_caching:
+        over["enable_prefix_caching"] = True
     return over
 
 

@@ -126,6 +126,9 @@ def _add_engine_options(parser: argparse.ArgumentParser, plural: bool) -> None:
                        help="override what happens to a preempted request's KV")
     group.add_argument("--no-chunked-prefill", action="store_true",
                        help="turn chunked prefill off (roofline presets)")
+    group.add_argument("--prefix-caching", action="store_true",
+                       help="vLLM's automatic prefix caching, on traces with block ids "
+                            "(mooncake-*, agent-sessions; docs/prefix-caching.md)")
 
 
 def _add_slo_options(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
@@ -144,7 +147,7 @@ def _engine_overrides(args: argparse.Namespace) -> dict[str, Any]:
     from cbgym.bench import engine_overrides
 
     return engine_overrides(args.max_num_seqs, args.max_num_batched_tokens, args.preemption,
-                            not args.no_chunked_prefill)
+                            not args.no_chunked_prefill, args.prefix_caching)
 
 
 # ---------------------------------------------------------------- cbgym bench
@@ -279,6 +282,7 @@ def _bench_config(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
         seeds=tuple(args.seeds), max_num_seqs=over.get("max_num_seqs"),
         max_num_batched_tokens=over.get("max_num_batched_tokens"),
         preemption=over.get("preemption"), chunked_prefill=over.get("chunked_prefill", True),
+        prefix_caching=over.get("enable_prefix_caching", False),
         ttft_s=args.ttft, tpot_s=args.tpot, warmup=args.warmup,
         starvation_multiple=args.starvation_multiple, cdf_load=args.cdf_load,
         capacity_sample=args.capacity_sample, workers=args.workers or os.cpu_count() or 1,

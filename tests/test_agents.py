@@ -188,7 +188,8 @@ def test_only_privileged_policies_receive_true_outputs() -> None:
     assert not issubclass(POLICIES["oracle-srpt"], KeyPolicy)  # evictions need the fast path
     assert {n for n in POLICIES if POLICIES[n].privileged} == {
         "oracle-sjf", "oracle-work", "oracle-srpt", "noisy-oracle", "noisy-oracle-work",
-        "oracle-sjf-aging", "oracle-work-aging", "noisy-oracle-aging", "noisy-oracle-work-aging"}
+        "oracle-sjf-aging", "oracle-work-aging", "noisy-oracle-aging", "noisy-oracle-work-aging",
+        "oracle-work-uncached"}
 
 
 # ---------------------------------------------------------------- determinism and noise

@@ -50,6 +50,7 @@ from cbgym.agents.noisy_oracle import NoisyOracle, NoisyOracleWork
 from cbgym.agents.oracle_srpt import OracleSRPT
 from cbgym.agents.oracles import OracleSJF, OracleWork
 from cbgym.agents.params import check_arity
+from cbgym.agents.prefix import PREFIX_POLICIES
 from cbgym.agents.priority import Priority
 from cbgym.agents.random_order import RandomOrder
 from cbgym.agents.sjf_ctx import SJFCtx
@@ -64,7 +65,7 @@ POLICIES: dict[str, type[Policy]] = {
     for cls in (FCFS, SJFCtx, CBSJFWork, LJFWork, RandomOrder, OracleSJF, OracleWork,
                 OracleSRPT, NoisyOracle, NoisyOracleWork, *AGING_POLICIES, SLOEarliestDeadline,
                 CBSJFWorkShed, Priority, StrictTiers, LeastSlack, VTC, DRR, WFQ, TokenBucket,
-                LearnedPolicy)
+                LearnedPolicy, *PREFIX_POLICIES)
 }
 
 

@@ -46,6 +46,15 @@ class QueueView:
     recent_output_mean: float
     # privileged: true output lengths (oracles only), else None
     true_output_tokens: np.ndarray | None = None
+    # prefix caching: tokens of each request the cache holds now (DecisionPoint.
+    # cached_tokens); None where the engine has no prefix cache (as if nothing were cached)
+    cached_tokens: np.ndarray | None = None
+
+    def uncached_tokens(self) -> np.ndarray:
+        """Prefill left after cache hits: prompt + generated - cached (what admission must
+        compute: its prefill work under prefix caching)."""
+        total = self.prompt_tokens + self.num_generated
+        return total if self.cached_tokens is None else total - self.cached_tokens
 
 
 def recent_output_stats(finished: np.ndarray, prompt: np.ndarray,
@@ -106,6 +115,7 @@ def view_from_decision_point(dp: DecisionPoint, true_output: np.ndarray | None,
         recent_output_by_bucket=by_bucket,
         recent_output_mean=mean,
         true_output_tokens=None if true_output is None else true_output[ids],
+        cached_tokens=None if dp.cached_tokens is None else dp.cached_tokens[ids],
     )
 
 

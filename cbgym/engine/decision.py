@@ -62,6 +62,13 @@ class DecisionPoint:
     # total preemptions so far
     total_preemptions: int
     config: EngineConfig
+    # prefix caching (zeros / NaN with it off): per request id, the tokens a waiting
+    # request's admission would find in the cache now (its cached prefix, at most tokens - 1;
+    # uncached prefill = prompt + generated - cached), and the run's hit rate so far (hit /
+    # queried tokens, vLLM's counters). Which blocks are resident is engine state: as
+    # content-blind as KV pressure.
+    cached_tokens: np.ndarray | None = None
+    prefix_cache_hit_rate: float = float("nan")
     # the engine's compiled state, for cbgym's own compiled observation encoder (the learned
     # policy builds the env's exact observation from it). It holds true output lengths:
     # policies never read it.
@@ -75,6 +82,17 @@ class DecisionPoint:
     def waited_s(self, ids: np.ndarray) -> np.ndarray:
         """Seconds each request has spent since arrival."""
         return self.now - self.arrival_s[ids]
+
+    def shared_prefix_blocks(self, ids: np.ndarray) -> np.ndarray:
+        """For each of ``ids`` (waiting requests): how many of its full prompt blocks another
+        of ``ids`` also has (its prefix is theirs too; opaque block ids, never tokens). Zeros
+        with prefix caching off."""
+        from cbgym.engine import prefix_cache as pc
+
+        s = self.kernel_state
+        if self.cached_tokens is None or s is None:
+            return np.zeros(len(ids), np.int64)
+        return pc.shared_blocks(s, np.asarray(ids, np.int64), self.config.block_size)
 
 
 @dataclass(frozen=True, slots=True)

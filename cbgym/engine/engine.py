@@ -16,6 +16,7 @@ import numpy as np
 
 from cbgym.engine import handoff
 from cbgym.engine import layout as L
+from cbgym.engine import prefix_cache as pc
 from cbgym.engine.config import EngineConfig
 from cbgym.engine.decision import Decision, DecisionPoint, Policy, validate_decision
 from cbgym.engine.jit import bind
@@ -130,7 +131,7 @@ class Engine:
             raise ValueError("Engine victim_by_key=True needs keys= (the static keys it reads)")
         self.prefix_caching = config.enable_prefix_caching and "hash_ids" in trace.extra
         self.params = compile_params(config, consult, keys is not None, record_iterations,
-                                     decode_stretches and not self.prefix_caching,
+                                     decode_stretches,
                                      victim_by_key)
         self.params.ci[L.PREFIX] = self.prefix_caching
         self.state = s = L.new_state(trace.arrival_s, trace.prompt_tokens, trace.output_tokens,
@@ -161,6 +162,8 @@ class Engine:
         s, p = self.state, self.params
         self._advance = bind(advance, s, p)
         self._horizon = bind(handoff.set_horizon, s, 0.0)
+        if self.prefix_caching:
+            self._probe = bind(pc.probe_waiting, s, np.int64(self.config.block_size))
         self._decide = bind(decide, s, p, _NONE, True, _NONE, L.R_POLICY, _NONE, True, _NONE,
                             False)
 
@@ -174,13 +177,14 @@ class Engine:
                 "computed": ro(r.computed), "generated": ro(r.generated),
                 "preemptions": ro(r.preemptions), "tenant": ro(r.tenant),
                 "slo_class": ro(r.slo_class), "finish_order": ro(r.finish_order),
-                "held": ro(self.kv.held)}
+                "held": ro(self.kv.held), "lookup": ro(self.state.req[L.LOOKUP])}
 
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
         # views of the state's arrays and compiled entry points: rebuilt on the new arrays
-        for name in ("_views", "_advance", "_decide", "_horizon", "_pending", "req", "kv"):
-            del state[name]
+        for name in ("_views", "_advance", "_decide", "_horizon", "_pending", "req", "kv",
+                     "_probe"):
+            state.pop(name, None)
         state["_tenant"], state["_slo_class"] = self.req.tenant, self.req.slo_class
         return state
 
@@ -354,6 +358,15 @@ class Engine:
             last_iteration_s=self.last_iteration_s,
             total_preemptions=self.total_preemptions,
             config=self.config,
+            **(self._cache_view() if self.prefix_caching else {}),
             kernel_state=s,
         )
+
+    def _cache_view(self) -> dict:
+        """The decision point's prefix-cache fields (probed now)."""
+        self._probe(self.state, np.int64(self.config.block_size))
+        stats = self.prefix_cache_stats
+        return {"cached_tokens": self._views["lookup"],
+                "prefix_cache_hit_rate": stats["hits"] / stats["queries"]
+                if stats["queries"] else float("nan")}
 

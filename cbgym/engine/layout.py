@@ -104,8 +104,8 @@ class Params(NamedTuple):
 
 # ---------------------------------------------------------------- State.req rows (int64)
 (PROMPT, OUTPUT, TOKENS, COMPUTED, GENERATED, HOST_TOKENS, PREEMPTIONS, HELD, STATUS,
- REASON, KEEP_KV, REMOTE, CHUNK_CAP, RANK, GAP, TABLE, N_CACHED, CACHED) = _codes(18)
-NUM_REQ_ROWS = 18
+ REASON, KEEP_KV, REMOTE, CHUNK_CAP, RANK, GAP, TABLE, N_CACHED, CACHED, LOOKUP) = _codes(19)
+NUM_REQ_ROWS = 19
 # ---------------------------------------------------------------- State.times rows (float64)
 (ARRIVAL, FIRST_SCHEDULED, FIRST_TOKEN, FINISH, KEY, KV_EVENT, LAST_TOKEN, ITL_MAX,
  ITL_P99, GAP_MIN) = _codes(10)
@@ -141,7 +141,8 @@ class State(NamedTuple):
     # in ``gaps``: where, how large, how full, packed by cbgym.engine.gaps.pack); with
     # prefix caching: TABLE (where its block table starts in ``tables``), N_CACHED (its
     # leading blocks registered in the cache, vLLM's num_cached_block) and CACHED (the
-    # prompt tokens its first admission found cached, vLLM's num_cached_tokens)
+    # prompt tokens its first admission found cached, vLLM's num_cached_tokens) and LOOKUP
+    # (a waiting request's tokens the cache holds now, probed at a decision point)
     req: np.ndarray
     # per request: ARRIVAL (at this instance), FIRST_SCHEDULED, FIRST_TOKEN, FINISH
     # (seconds; NaN: not yet), KEY (a static policy's key: lower admitted first), KV_EVENT

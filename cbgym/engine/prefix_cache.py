@@ -42,10 +42,15 @@ from cbgym.engine.layout import (
     B_SAME,
     FREE,
     HELD,
+    LOOKUP,
     N_CACHED,
+    N_WAIT,
     NUM_BLOCK_ROWS,
     PC_EVICTED,
+    PROMPT,
     TABLE,
+    TOKENS,
+    WAIT_Q,
     State,
 )
 
@@ -60,8 +65,9 @@ def table_offsets(prompt: np.ndarray, output: np.ndarray, block_size: int) -> np
     return np.concatenate(([0], np.cumsum(sizes))).astype(np.int64)
 
 
-def _mix(x: np.ndarray) -> np.ndarray:
-    """splitmix64's finaliser, elementwise on uint64 (wraps, as it should)."""
+@no_alloc_kernel
+def mix(x: np.uint64) -> np.uint64:
+    """splitmix64's finaliser (wraps, as it should)."""
     x = x ^ (x >> np.uint64(30))
     x = x * np.uint64(0xBF58476D1CE4E5B9)
     x = x ^ (x >> np.uint64(27))
@@ -70,6 +76,25 @@ def _mix(x: np.ndarray) -> np.ndarray:
 
 
 _TRACED, _UNIQUE = np.uint64(0x9E3779B97F4A7C15), np.uint64(0xD1B54A32D192ED03)
+
+
+@no_alloc_kernel
+def fill_hashes(prompt: np.ndarray, bs: int, off: np.ndarray, ids: np.ndarray,
+                id_off: np.ndarray, lengths: np.ndarray, big: np.ndarray, salt: np.ndarray,
+                out: np.ndarray) -> None:
+    """:func:`block_hashes`' loop (``out``: uint64, laid out as ``off`` says)."""
+    for r in range(len(prompt)):
+        full = min(prompt[r] // big[r], lengths[r]) * big[r] if big[r] > 0 else 0
+        seed = mix(np.uint64(salt[r]) ^ _TRACED)
+        own = mix(np.uint64(r) ^ _UNIQUE)
+        for j in range(off[r + 1] - off[r]):
+            e = (j + 1) * bs
+            if e <= full:
+                q = (e - 1) // big[r]
+                h = mix(mix(np.uint64(ids[id_off[r] + q]) ^ seed) ^ np.uint64(e - q * big[r]))
+            else:
+                h = mix(own ^ np.uint64(j))
+            out[off[r] + j] = h
 
 
 def block_hashes(prompt: np.ndarray, output: np.ndarray, block_size: int,
@@ -88,27 +113,21 @@ def block_hashes(prompt: np.ndarray, output: np.ndarray, block_size: int,
     as vLLM's ``cache_salt``. Equality is all that matters: 64-bit mixes, collisions as
     unlikely as vLLM's own.
     """
-    prompt = np.asarray(prompt, np.int64)
+    prompt = np.ascontiguousarray(prompt, np.int64)
+    n = len(prompt)
     off = table_offsets(prompt, output, block_size)
-    n, total = len(prompt), int(off[-1])
-    rid = np.repeat(np.arange(n, dtype=np.int64), np.diff(off))
-    j = np.arange(total, dtype=np.int64) - off[rid]
-    own = _mix(_mix(rid.astype(np.uint64) ^ _UNIQUE) ^ j.astype(np.uint64))
-    if hash_ids is None or id_tokens is None or not n:
-        return own.view(np.int64)
+    if hash_ids is None or id_tokens is None:
+        hash_ids, id_tokens = np.empty(n, dtype=object), np.zeros(n, np.int64)
+        hash_ids[:] = [()] * n
     lengths = np.fromiter((len(h) for h in hash_ids), np.int64, n)
     flat = np.fromiter((x for h in hash_ids for x in h), np.int64, int(lengths.sum()))
-    id_off = np.concatenate(([0], np.cumsum(lengths)))[:-1]
-    big = np.maximum(np.asarray(id_tokens, np.int64), 1)
-    e = (j + 1) * block_size
-    full = np.minimum(prompt // big, lengths)  # trace blocks wholly inside the prompt
-    traced = e <= (full * big)[rid]
-    q = np.where(traced, (e - 1) // big[rid], 0)
-    ids = flat[np.where(traced, id_off[rid] + q, 0)] if len(flat) else np.zeros(total, np.int64)
-    salted = _TRACED if salt is None else _mix(np.asarray(salt, np.int64).astype(np.uint64)
-                                              ^ _TRACED)[rid]
-    shared = _mix(_mix(ids.astype(np.uint64) ^ salted) ^ (e - q * big[rid]).astype(np.uint64))
-    return np.where(traced, shared, own).view(np.int64)
+    id_off = np.concatenate(([0], np.cumsum(lengths)))[:-1].astype(np.int64)
+    salts = np.zeros(n, np.int64) if salt is None else np.asarray(salt, np.int64)
+    out = np.zeros(int(off[-1]), np.uint64)
+    with np.errstate(over="ignore"):  # (NUMBA_DISABLE_JIT: numpy scalars warn as they wrap)
+        fill_hashes(prompt, np.int64(block_size), off, flat, id_off, lengths,
+                    np.ascontiguousarray(id_tokens, np.int64), salts, out)
+    return out.view(np.int64)
 
 
 def map_capacity(num_blocks: int) -> int:
@@ -325,6 +344,34 @@ def cache_full(s: State, rid: int, num_tokens: int, block_size: int) -> None:
         if not (b[B_HASHED, k] and b[B_HASH, k] == h):
             register(s, k, h)
     s.req[N_CACHED, rid] = full
+
+
+@no_alloc_kernel
+def probe_waiting(s: State, block_size: int) -> None:
+    """``req[LOOKUP]`` of every waiting request: the tokens its admission would find cached
+    now (as :func:`lookup`, at most tokens - 1; nothing is taken). Content-blind: which
+    blocks are resident is engine state, as KV pressure is."""
+    base, hashes = s.req[TABLE], s.tables[1]
+    tokens, out, waiting = s.req[TOKENS], s.req[LOOKUP], s.ids[WAIT_Q]
+    for i in range(s.si[N_WAIT]):
+        rid = waiting[i]
+        limit, j = (tokens[rid] - 1) // block_size, np.int64(0)
+        while j < limit and cached_block(s, hashes[base[rid] + j]) >= 0:
+            j += 1
+        out[rid] = j * block_size
+
+
+def shared_blocks(s: State, ids: np.ndarray, block_size: int) -> np.ndarray:
+    """For each request of ``ids``: how many of its full prompt blocks some other request of
+    ``ids`` also has (equal prefixes: admitted together they would share them)."""
+    prompt, base = s.req[PROMPT, ids], s.req[TABLE, ids]
+    full = prompt // block_size
+    owner = np.repeat(np.arange(len(ids)), full)
+    where = np.repeat(base, full) + (np.arange(int(full.sum())) - np.repeat(
+        np.cumsum(full) - full, full))
+    h = s.tables[1, where]
+    _, inverse, counts = np.unique(h, return_inverse=True, return_counts=True)
+    return np.bincount(owner, weights=counts[inverse] > 1, minlength=len(ids)).astype(np.int64)
 
 
 @no_alloc_kernel

@@ -17,8 +17,10 @@ from __future__ import annotations
 import numpy as np
 
 from cbgym.engine import gaps
+from cbgym.engine import prefix_cache as pc
 from cbgym.engine.execute import add_gap, finished, record
 from cbgym.engine.jit import no_alloc_kernel
+from cbgym.engine.kutil import keep_status
 from cbgym.engine.layout import (
     ARRIVAL,
     BLOCK_SIZE,
@@ -59,6 +61,7 @@ from cbgym.engine.layout import (
     PLAN_TOTAL,
     PLAN_VALID,
     PREEMPTED_NOW,
+    PREFIX,
     PROMPT,
     REC_N,
     RECORD,
@@ -67,7 +70,10 @@ from cbgym.engine.layout import (
     REMOTE_PENDING,
     REMOTE_READY,
     RUN_Q,
+    RUNNING,
+    SCRATCH,
     SHORTFALL,
+    STATUS,
     SWAP_BYTES,
     TOKENS,
     UNTIL,
@@ -89,6 +95,8 @@ def head_blocked(s: State, p: Params, need: int) -> bool:
         return True
     if si[N_RUN] >= ci[MAX_SEQS]:
         return True
+    if ci[PREFIX]:
+        return False  # cache hits may let it in with fewer blocks: not provably blocked
     k = admission_candidates(s)
     order, remote = s.ids[ORDER], s.req[REMOTE]
     first = 0
@@ -123,6 +131,32 @@ def end_segment(s: State, p: Params, free: int, t: float, begin: float, steps: i
     if steps:
         n = s.si[N_RUN]
         record(s, p, begin, dt if steps == 1 else t - begin, n, np.int64(0), n, steps)
+
+
+@no_alloc_kernel
+def name_blocks(s: State, n: int, steps: int, bs: int) -> None:
+    """The named blocks a stretch of ``steps`` decode steps took, in the order plain
+    iteration takes them: step by step, in running order, each request as its last block
+    fills (those with r free slots at steps r, r + bs, ...). Before the requests' counts
+    move."""
+    running, computed, order = s.ids[RUN_Q], s.req[COMPUTED], s.ids[SCRATCH]
+    start = s.slots  # requests by free slots, then where each class starts in ``order``
+    for r in range(bs):
+        start[r] = 0
+    for i in range(n):
+        start[(-computed[running[i]]) % bs] += 1
+    total = np.int64(0)
+    for r in range(bs):
+        total, start[r] = total + start[r], total
+    for i in range(n):
+        r = (-computed[running[i]]) % bs
+        order[start[r]] = running[i]
+        start[r] += 1  # (now where class r ends)
+    for t in range(steps):
+        r = t % bs
+        for j in range(start[r - 1] if r else 0, start[r]):
+            s.si[FREE] += 1  # (the stretch counted it off already; take counts it again)
+            pc.take(s, order[j], 1)
 
 
 @no_alloc_kernel
@@ -205,6 +239,9 @@ def decode_stretch(s: State, p: Params) -> bool:
         return False
     held = s.req[HELD]
     last = steps == k  # somebody finishes (or reaches max_model_len) at the last step
+    named = ci[PREFIX] != 0
+    if named:
+        name_blocks(s, n, steps, bs)
     m = 0  # the running queue, compacted in place as requests finish
     last_token, gap_min = s.times[LAST_TOKEN], s.times[GAP_MIN]
     # the first step's end, as the loop summed it (a request whose last token came before
@@ -229,12 +266,20 @@ def decode_stretch(s: State, p: Params) -> bool:
                     break
                 add_gap(s, rid, buf[j])
         last_token[rid] = t
-        if not ci[PAPER]:  # a decoding request holds exactly the blocks its tokens need
+        if named:
+            pc.cache_full(s, rid, computed[rid], bs)
+        elif not ci[PAPER]:  # a decoding request holds exactly the blocks its tokens need
             held[rid] = -(-computed[rid] // bs)
-        if last and finished(s, p, rid, False):  # (never with named blocks)
+        # (named blocks are freed after the loop: a named release inlined here slowed
+        # every run measurably)
+        if last and not named and finished(s, p, rid, False):
             continue
         running[m] = rid
         m += 1
+    if named and last:  # in running order, as vLLM frees the finished
+        for i in range(n):
+            finished(s, p, running[i], True)
+        m = keep_status(running, n, s.req[STATUS], RUNNING)
     si[N_RUN] = m
     if m < n and ci[CONSULT] == ON_COMPLETION:
         si[CHANGED] = 1
