@@ -131,6 +131,7 @@ def simulate(
     router: str | Router = "round-robin",
     admission: AdmissionConfig | None = None,
     client: ClientModel | None = None,
+    closed_loop: bool | None = None,
 ) -> SimulationResult:
     """Simulate ``trace`` on one serving instance under ``policy``, or on a ``cluster``.
 
@@ -164,6 +165,10 @@ def simulate(
             and jitter, abandoned requests aborted or left running); only with ``cluster``.
             The result's ``requests`` then has a row per attempt, ``clients`` one per
             offered request.
+        closed_loop: replay a session trace as closed loops (a session's next request sent
+            its think time after the previous one ends); None: wherever the trace has
+            sessions (:class:`cbgym.engine.Engine`). With ``load``, only first turns'
+            arrivals are rescaled.
 
     Returns:
         A :class:`cbgym.metrics.SimulationResult` (a :class:`cbgym.cluster.ClusterResult`
@@ -181,6 +186,8 @@ def simulate(
         if engine is not None:
             raise ValueError("simulate: give engine= or cluster=, not both (a cluster's "
                              "pools name their engines)")
+        if closed_loop:
+            raise ValueError("simulate: closed_loop=True is not supported on a cluster yet")
         return _simulate_cluster(trace, policy, cluster, router, load, seed, slo,
                                  record_iterations, capacity_rps, admission, client)
     if admission is not None or client is not None:
@@ -205,7 +212,8 @@ def simulate(
     # a static key runs inside the compiled loop: no Python call per decision
     keys = pol.static_keys()
     eng = Engine(trace, cfg, consult=pol.consult, record_iterations=record_iterations,
-                 keys=keys, victim_by_key=pol.victim_by_key and keys is not None)
+                 keys=keys, victim_by_key=pol.victim_by_key and keys is not None,
+                 closed_loop=closed_loop)
     try:
         run_engine(eng, pol)
     except EngineStuckError as exc:

@@ -146,7 +146,8 @@ class Cluster:
             self.engines.append(Engine(trace, cfg, consult=pol.consult,
                                        record_iterations=record_iterations, keys=keys,
                                        victim_by_key=pol.victim_by_key and keys is not None,
-                                       routed=True, state=K.view(self.S, i), itl_p99=itl_p99))
+                                       routed=True, state=K.view(self.S, i), itl_p99=itl_p99,
+                                       closed_loop=False))  # (sessions: open loop here)
         if self.edge:
             for eng in self.engines:
                 eng._trace_arrival = np.ascontiguousarray(sent)

@@ -82,6 +82,37 @@ def trace_block_hashes(trace: Trace, config: EngineConfig) -> np.ndarray:
                         tokens, trace.tenant if config.cache_salt_by_tenant else None)
 
 
+SESSION_KEYS = ("session", "turn", "think_time_s")
+
+
+def has_sessions(trace: Trace) -> bool:
+    """Whether ``trace`` says which requests are a session's turns (closed-loop replay)."""
+    return all(k in trace.extra for k in SESSION_KEYS)
+
+
+def start_sessions(s: L.State, trace: Trace) -> None:
+    """Make a run closed-loop: only first turns (in the trace: a turn whose predecessor is
+    outside a window starts its session) are in the inbox; each request names its next
+    turn, sent when it ends (:func:`cbgym.engine.kutil.send`)."""
+    from cbgym.workload.sessions import previous_in_session
+
+    missing = [k for k in SESSION_KEYS if k not in trace.extra]
+    if missing:
+        raise ValueError(f"closed_loop=True: trace {trace.name!r} has no extra {missing} "
+                         "(a session trace: load_agent_sessions, synthetic_sessions)")
+    prev = previous_in_session(trace)
+    think = np.asarray(trace.extra["think_time_s"], np.float64)
+    if not (np.isfinite(think) & (think >= 0)).all():
+        raise ValueError(f"trace {trace.name!r}: think_time_s must be finite and >= 0")
+    later = prev >= 0
+    s.req[L.NEXT_TURN, prev[later]] = np.flatnonzero(later)
+    s.times[L.THINK] = think
+    s.times[L.ARRIVAL, later] = np.inf  # (sent when their previous turn ends)
+    roots = np.flatnonzero(~later)
+    s.ids[L.INBOX, : len(roots)] = roots
+    s.si[L.INBOX_N] = len(roots)
+
+
 def host_swap_tokens(config: EngineConfig) -> int:
     """KV tokens the host's swap space holds (0 without a KV size per token)."""
     kvb = config.kv_bytes_per_token or 0
@@ -115,13 +146,18 @@ class Engine:
         victim_by_key: when blocks run out, preempt the running request with the largest of
             ``keys`` (the first of equals, in running order) instead of the last admitted:
             vLLM's priority policy (:class:`cbgym.agents.Priority`).
+        closed_loop: replay sessions as closed loops: a session's next request is sent
+            ``think_time_s`` after its previous one ends (finished or shed), whatever the
+            trace's recorded time; first turns arrive as recorded. None: where the trace
+            has sessions (``extra`` ``session``, ``turn``, ``think_time_s``:
+            :func:`cbgym.workload.load_agent_sessions`, ``synthetic_sessions``).
     """
 
     def __init__(self, trace: Trace, config: EngineConfig, consult: str = "on_change",
                  record_iterations: bool = False, keys: np.ndarray | None = None,
                  decode_stretches: bool = True, routed: bool = False,
                  state: L.State | None = None, itl_p99: bool = True,
-                 victim_by_key: bool = False) -> None:
+                 victim_by_key: bool = False, closed_loop: bool | None = None) -> None:
         if consult not in CONSULT_MODES:
             raise ValueError(f"Engine consult={consult!r}: expected one of {CONSULT_MODES}")
         assert config.num_kv_blocks is not None and config.block_size is not None
@@ -140,6 +176,12 @@ class Engine:
                                      p99=itl_p99 and not config.paper_mode,
                                      prefix_hashes=trace_block_hashes(trace, config)
                                      if self.prefix_caching else None)
+        self.closed_loop = has_sessions(trace) if closed_loop is None else bool(closed_loop)
+        if self.closed_loop:
+            if routed:
+                raise ValueError("Engine closed_loop=True: not on a cluster's instance yet "
+                                 "(its cluster routes arrivals ahead of time)")
+            start_sessions(s, trace)
         if keys is not None:
             k = np.asarray(keys, dtype=np.float64)
             if k.shape != (len(trace),) or not np.isfinite(k).all():

@@ -14,12 +14,17 @@ import numpy as np
 from cbgym.engine import prefix_cache as pc
 from cbgym.engine.jit import no_alloc_kernel
 from cbgym.engine.layout import (
+    ARRIVAL,
     FINISH,
     FINISH_ORDER,
     FINISHED,
     FREE,
     HELD,
+    INBOX,
+    INBOX_N,
     KV_EVENT,
+    NEXT_ARRIVAL,
+    NEXT_TURN,
     NOW,
     NUM_ENDED,
     NUM_FINISHED,
@@ -27,6 +32,9 @@ from cbgym.engine.layout import (
     OUTBOX_N,
     REASON,
     STATUS,
+    THINK,
+    TURNS,
+    TURNS_N,
     State,
 )
 
@@ -83,6 +91,27 @@ def end(s: State, rid: int, status: int, t: float, code: int) -> None:
         s.ids[FINISH_ORDER, s.si[NUM_FINISHED]] = rid
         s.si[NUM_FINISHED] += 1
     s.si[NUM_ENDED] += 1
+    if s.req[NEXT_TURN, rid] >= 0:  # a closed-loop session: its next turn is due (sent
+        s.ids[TURNS, s.si[TURNS_N]] = rid  # at the next admission of arrivals: the loop
+        s.si[TURNS_N] += 1  # that sends it, inlined here, slowed every run measurably)
+
+
+@no_alloc_kernel
+def send_turns(s: State) -> None:
+    """Send the next turn of each session whose request ended: it arrives its think time
+    after that end, into the inbox after the deliveries due no later."""
+    arrival, inbox, ended = s.times[ARRIVAL], s.ids[INBOX], s.ids[TURNS]
+    for k in range(s.si[TURNS_N]):
+        rid = s.req[NEXT_TURN, ended[k]]
+        at = s.times[FINISH, ended[k]] + s.times[THINK, rid]
+        arrival[rid] = at
+        pos = s.si[INBOX_N]
+        while pos > s.si[NEXT_ARRIVAL] and arrival[inbox[pos - 1]] > at:
+            inbox[pos] = inbox[pos - 1]
+            pos -= 1
+        inbox[pos] = rid
+        s.si[INBOX_N] += 1
+    s.si[TURNS_N] = 0
 
 
 @no_alloc_kernel

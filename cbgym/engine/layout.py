@@ -42,8 +42,10 @@ NEVER, ON_CHANGE, ON_COMPLETION, EVERY_ITERATION, ALWAYS = _codes(5)
  IDLE_TICKS, HOST_FREE, SWAP_BYTES, PREEMPTED_NOW, REC_N, BLOG_N, PLOG_N, CHANGED, SHORTFALL,
  PLAN_TOTAL, PLAN_DECODING, PLAN_VALID, STAND_N, STAND_HAS, VICT_N, VICT_HAS,
  ROW_OPEN, PLAN_LEFT, PLAN_CTX, INBOX_N, OUTBOX_N, IDLED, KERNEL_POLICY, GAP_TOP,
- P99_ON, PC_QUERIES, PC_HITS, PC_PRE_QUERIES, PC_PRE_HITS, PC_EVICTED) = _codes(38)
-NUM_SI = 38
+ P99_ON, PC_QUERIES, PC_HITS, PC_PRE_QUERIES, PC_PRE_HITS, PC_EVICTED, TURNS_N) = _codes(39)
+NUM_SI = 39
+# TURNS_N: closed-loop sessions: ended requests whose next turn is still to be sent
+# (ids[TURNS]; sent at the next admission of arrivals, cbgym.engine.transitions)
 # PC_*: prefix-cache counters in tokens, as vLLM's PrefixCacheStats: queries and hits of
 # requests looked up for the first time (vllm:prefix_cache_queries / _hits), of preempted
 # ones looking up again (PRE), and cached blocks evicted for reuse
@@ -104,16 +106,17 @@ class Params(NamedTuple):
 
 # ---------------------------------------------------------------- State.req rows (int64)
 (PROMPT, OUTPUT, TOKENS, COMPUTED, GENERATED, HOST_TOKENS, PREEMPTIONS, HELD, STATUS,
- REASON, KEEP_KV, REMOTE, CHUNK_CAP, RANK, GAP, TABLE, N_CACHED, CACHED, LOOKUP) = _codes(19)
-NUM_REQ_ROWS = 19
+ REASON, KEEP_KV, REMOTE, CHUNK_CAP, RANK, GAP, TABLE, N_CACHED, CACHED, LOOKUP,
+ NEXT_TURN) = _codes(20)
+NUM_REQ_ROWS = 20
 # ---------------------------------------------------------------- State.times rows (float64)
 (ARRIVAL, FIRST_SCHEDULED, FIRST_TOKEN, FINISH, KEY, KV_EVENT, LAST_TOKEN, ITL_MAX,
- ITL_P99, GAP_MIN) = _codes(10)
-NUM_TIME_ROWS = 10
+ ITL_P99, GAP_MIN, THINK) = _codes(11)
+NUM_TIME_ROWS = 11
 # ---------------------------------------------------------------- State.ids rows (int64)
 (RUN_Q, WAIT_Q, FINISH_ORDER, STAND_ORDER, STAND_VICTIMS, PLAN_TOKENS, PLAN_NEED, SCHED_IDS,
- SCHED_TOKENS, ORDER, NEVER_FIT, SAMPLED, SCRATCH, INBOX, OUTBOX) = _codes(15)
-NUM_ID_ROWS = 15
+ SCHED_TOKENS, ORDER, NEVER_FIT, SAMPLED, SCRATCH, INBOX, OUTBOX, TURNS) = _codes(16)
+NUM_ID_ROWS = 16
 # ---------------------------------------------------------------- State.blocks rows (int64)
 # per named block: references (requests holding it), its hash and whether it has one (in the
 # cache), its neighbours in the free queue (the last column is the queue's sentinel) and the
@@ -142,7 +145,9 @@ class State(NamedTuple):
     # prefix caching: TABLE (where its block table starts in ``tables``), N_CACHED (its
     # leading blocks registered in the cache, vLLM's num_cached_block) and CACHED (the
     # prompt tokens its first admission found cached, vLLM's num_cached_tokens) and LOOKUP
-    # (a waiting request's tokens the cache holds now, probed at a decision point)
+    # (a waiting request's tokens the cache holds now, probed at a decision point);
+    # NEXT_TURN: a closed-loop session's next request, sent THINK seconds after this one
+    # ends (-1: none; cbgym.engine.sessions)
     req: np.ndarray
     # per request: ARRIVAL (at this instance), FIRST_SCHEDULED, FIRST_TOKEN, FINISH
     # (seconds; NaN: not yet), KEY (a static policy's key: lower admitted first), KV_EVENT
@@ -246,6 +251,7 @@ def fill_state(s: State, arrival_s: np.ndarray, prompt: np.ndarray, output: np.n
         for j in range(n):
             times[r, j] = np.nan
     for j in range(n):
+        req[NEXT_TURN, j] = -1
         req[PROMPT, j] = prompt[j]
         req[OUTPUT, j] = output[j]
         req[TOKENS, j] = prompt[j]

@@ -7,7 +7,7 @@ import math
 import numpy as np
 
 from cbgym.engine.jit import no_alloc_kernel
-from cbgym.engine.kutil import end, release, remove, report
+from cbgym.engine.kutil import end, release, remove, report, send_turns
 from cbgym.engine.layout import (
     ARRIVAL,
     BLOCK_SIZE,
@@ -51,6 +51,7 @@ from cbgym.engine.layout import (
     SWAP,
     SWAP_BYTES,
     TOTAL_PREEMPT,
+    TURNS_N,
     WAIT_Q,
     WAITING,
     Params,
@@ -63,6 +64,8 @@ def admit_arrivals(s: State, p: Params) -> None:
     """Move every request in the inbox that has arrived by now into the waiting queue, or
     shed it at once with the reason it can never be served by this engine."""
     si, ci, now = s.si, p.ci, s.sf[NOW]
+    if si[TURNS_N]:
+        send_turns(s)
     arrival, prompt, output = s.times[ARRIVAL], s.req[PROMPT], s.req[OUTPUT]
     inbox, remote = s.ids[INBOX], s.req[REMOTE]
     bs = ci[BLOCK_SIZE]
@@ -93,6 +96,8 @@ def admit_arrivals(s: State, p: Params) -> None:
             si[CHANGED] = 1
         j += 1
     si[NEXT_ARRIVAL] = j
+    if si[TURNS_N]:  # a session whose turn was shed on arrival sends its next one
+        send_turns(s)
 
 
 @no_alloc_kernel

@@ -47,7 +47,8 @@ class Episode:
         self.weights = env.weights
         self.size = env.layout.size  # scores per action
         # (an env's reward needs no p99 gap: the engine keeps only each request's worst)
-        self.engine = eng = Engine(window, cfg, consult=consult, itl_p99=False)
+        self.engine = eng = Engine(window, cfg, consult=consult, itl_p99=False,
+                                           closed_loop=False)  # (sessions: open loop)
         assert cfg.num_kv_blocks is not None
         self.es = ko.new_env_state(
             env.K, env.R, env.window_rule == "smallest_prompt", env.hold_threshold,
