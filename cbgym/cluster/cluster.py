@@ -67,6 +67,7 @@ from cbgym.cluster.routing import (
 from cbgym.cluster.tables import NOT_ROUTED, cluster_state, loads_of
 from cbgym.engine import gaps, handoff
 from cbgym.engine import layout as L
+from cbgym.engine import prefix_cache as pc
 from cbgym.engine.decision import Policy, PolicyContext
 from cbgym.engine.engine import Engine
 from cbgym.engine.jit import bind
@@ -183,8 +184,22 @@ class Cluster:
         engines = config.engines
         block = max(int(e.block_size or 1) for e in engines)
         rows = max(max(L.LOG_ROWS, 4 * e.max_num_seqs) for e in engines)
-        return K.batched_states(config.num_instances, len(trace), block, rows,
-                                gaps.slots(trace.output_tokens))
+        S = K.batched_states(config.num_instances, len(trace), block, rows,
+                             gaps.slots(trace.output_tokens))
+        if engines[0].enable_prefix_caching and "hash_ids" in trace.extra:
+            # each instance its own named pool, one shape for all (the largest instance's)
+            blocks, cache, tables = pc.empty_pool(
+                max(int(e.num_kv_blocks or 1) for e in engines),
+                int(sum(pc.table_offsets(trace.prompt_tokens, trace.output_tokens,
+                                         e.block_size or 1)[-1] for e in engines[:1])))
+            if len({e.block_size for e in engines}) > 1:
+                raise ValueError("ClusterConfig: prefix caching needs one block size on "
+                                 "every instance")
+            N = config.num_instances
+            S = S._replace(blocks=np.zeros((N, *blocks.shape), np.int64),
+                           cache=np.zeros((N, *cache.shape), np.int64),
+                           tables=np.zeros((N, *tables.shape), np.int64))
+        return S
 
     @staticmethod
     def _rule(router: Router | None) -> tuple[int, dict[int, float]]:
@@ -198,6 +213,8 @@ class Cluster:
 
     def _bind(self) -> None:
         C, S, P = self.C, self.S, self.P
+        self._probe = bind(K.probe_each, S, np.int64(0), np.int64(1),
+                           np.zeros(self.config.num_instances, np.int64))
         self._run = bind(loop.run, C, S, P)
         self._commit = bind(loop.commit, C, S, 0, 0.0, 0, 0, 0)
         self._door_shed = bind(loop.door_shed, C, 0, 0.0)
@@ -205,7 +222,7 @@ class Cluster:
 
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
-        for name in ("_run", "_commit", "_door_shed", "_take"):
+        for name in ("_run", "_commit", "_door_shed", "_take", "_probe"):
             del state[name]
         return state
 
@@ -319,7 +336,15 @@ class Cluster:
             request_id=rid, now=t, prompt_tokens=int(self.trace.prompt_tokens[rid]),
             waited_s=0.0, ttft_target_s=float(self.ttft[rid]),
             tpot_target_s=float(self.tpot[rid]), role=self.role, loads=loads,
-            config=self.config)
+            config=self.config, cached_tokens=self.cached_on_each(rid)
+            if self.engines[0].prefix_caching else None)
+
+    def cached_on_each(self, rid: int) -> np.ndarray:
+        """The tokens of ``rid``'s prompt each instance's prefix cache holds now (at most
+        prompt - 1, as its admission would find them; live, not as of a load report)."""
+        out = np.zeros(self.config.num_instances, np.int64)
+        self._probe(self.S, np.int64(rid), np.int64(self.engines[0].config.block_size), out)
+        return out
 
     def loads(self, t: float) -> Loads:
         """Every instance's load signals now (stamped ``t``)."""

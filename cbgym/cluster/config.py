@@ -125,6 +125,14 @@ class ClusterConfig:
             raise ValueError(f"ClusterConfig: prefill and decode pools must serve one model "
                              f"(KV bytes per token differ: {sorted(kv)}); a decode instance "
                              "reads the KV a prefill instance computed")
+        caching = {bool(p.engine.enable_prefix_caching) for p in pools}  # type: ignore
+        if len(caching) > 1:
+            raise ValueError("ClusterConfig: enable_prefix_caching must be the same on every "
+                             "pool (with_prefix_caching() turns it on for all)")
+        if caching == {True} and self.disaggregated:
+            raise ValueError("ClusterConfig: prefix caching on prefill/decode pools is not "
+                             "modelled yet (which blocks a transfer would skip); use unified "
+                             "replicas ('Nx:MODEL/GPU')")
         if not isinstance(self.link, LinkConfig):
             raise TypeError("ClusterConfig.link: expected a LinkConfig")
         r = self.load_report_interval_s
@@ -153,6 +161,15 @@ class ClusterConfig:
     def instances(self, role: str) -> tuple[int, ...]:
         """Indices of the instances with ``role``."""
         return tuple(i for i, r in enumerate(self.roles) if r == role)
+
+    def with_prefix_caching(self, on: bool = True, salt_by_tenant: bool = False
+                            ) -> ClusterConfig:
+        """A copy whose every engine has vLLM's automatic prefix caching ``on`` (each
+        instance its own cache; docs/prefix-caching.md)."""
+        pools = tuple(replace(p, engine=replace(p.engine, enable_prefix_caching=on,
+                                                cache_salt_by_tenant=salt_by_tenant))
+                      for p in self.pools)
+        return replace(self, pools=pools)
 
     def with_(self, **changes: object) -> ClusterConfig:
         """A copy with fields replaced (validated again)."""

@@ -24,6 +24,9 @@ Per-instance signals are arrays indexed by instance (CartPoleVectorEnv's batched
 | ``last_iteration_s`` | the instance's last iteration time |
 | ``report_s`` | when these signals were taken |
 
+With prefix caching, ``RoutingPoint.cached_tokens`` (per instance, live) says how much of the
+request's prompt each instance's cache holds.
+
 Content-blind: no prompt content and never a request's true output length.
 """
 
@@ -87,6 +90,16 @@ class RoutingPoint:
     role: np.ndarray  # per instance: ROLE_CODES
     loads: Loads | None  # None for a router that reads none (Router.reads_loads)
     config: ClusterConfig
+    # prefix caching: per instance, the tokens of this request's prompt its cache holds now
+    # (at most prompt - 1; live; None with caching off). From opaque block ids: engine
+    # state, content-blind.
+    cached_tokens: np.ndarray | None = None
+
+    def uncached_tokens(self) -> np.ndarray:
+        """Per instance, the prompt tokens it would have to prefill (all without a cache)."""
+        if self.cached_tokens is None:
+            return np.full(len(self.role), self.prompt_tokens, np.int64)
+        return self.prompt_tokens - self.cached_tokens
 
     @property
     def num_instances(self) -> int:

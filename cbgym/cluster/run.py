@@ -56,6 +56,9 @@ def serve(trace: Trace, cluster: ClusterConfig, router: str | Router,
                         "engines": [e.preset for e in cluster.engines]},
             **({"admission": repr(admission)} if admission else {}),
             **({"client": repr(client)} if client else {})}
+    if c.engines[0].prefix_caching:  # vLLM's counters, summed over the instances
+        stats = [e.prefix_cache_stats for e in c.engines]
+        info["prefix_cache"] = {k: sum(s[k] for s in stats) for k in stats[0]}
     return cluster_result(c, {**info, **(meta or {})})
 
 

@@ -210,3 +210,10 @@ def instance(S: State, i: int) -> State:
 @no_alloc_kernel
 def params_at(P: Params, i: int) -> Params:
     return Params(P.ci[i], P.cost[i])
+
+
+@no_alloc_kernel
+def probe_each(S: State, rid: int, block_size: int, out: np.ndarray) -> None:
+    """``out[i]``: the tokens of ``rid``'s prompt instance i's prefix cache holds now."""
+    for i in range(len(out)):
+        out[i] = pc.probe(instance(S, i), rid, block_size)

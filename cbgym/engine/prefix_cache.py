@@ -151,17 +151,20 @@ def no_pool() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 def reset_pool(s: State, num_blocks: int, offsets: np.ndarray, hashes: np.ndarray) -> None:
     """Start a run's named blocks: all free, queued in id order (vLLM's initial free queue),
-    nothing cached; request tables empty, their hashes ``hashes``."""
+    nothing cached; request tables empty, their hashes ``hashes``. The sentinel is the last
+    column (a cluster's instances share array shapes: a smaller one leaves columns unused)."""
     b, nb = s.blocks, num_blocks
+    sentinel = b.shape[1] - 1
     b[B_REF, :] = 0
     b[B_HASHED, :] = 0
     b[B_HASH, :] = 0
     b[B_SAME, :] = EMPTY
-    b[B_NEXT, :nb] = np.arange(1, nb + 1)
-    b[B_NEXT, nb] = 0
-    b[B_PREV, :nb] = np.arange(-1, nb - 1)
-    b[B_PREV, 0] = nb
-    b[B_PREV, nb] = nb - 1
+    b[B_NEXT, : nb - 1] = np.arange(1, nb)
+    b[B_NEXT, nb - 1] = sentinel
+    b[B_NEXT, sentinel] = 0
+    b[B_PREV, 1:nb] = np.arange(0, nb - 1)
+    b[B_PREV, 0] = sentinel
+    b[B_PREV, sentinel] = nb - 1
     s.cache[1, :] = EMPTY
     s.tables[0, :] = EMPTY
     s.tables[1, : len(hashes)] = hashes
@@ -379,6 +382,17 @@ def in_use(s: State) -> int:
     """Blocks some request holds (the invariant: ``in_use + si[FREE] == num_blocks``)."""
     ref = s.blocks[B_REF]
     n = np.int64(0)
-    for k in range(len(ref) - 1):
+    for k in range(len(ref) - 1):  # (unused columns of a smaller instance: never held)
         n += ref[k] > 0
     return n
+
+
+@no_alloc_kernel
+def probe(s: State, rid: int, block_size: int) -> int:
+    """The tokens of ``rid`` this state's cache holds now, as admission would find them (at
+    most prompt - 1; a router's view of each instance's cache)."""
+    base, hashes = s.req[TABLE, rid], s.tables[1]
+    limit, j = (s.req[PROMPT, rid] - 1) // block_size, np.int64(0)
+    while j < limit and cached_block(s, hashes[base + j]) >= 0:
+        j += 1
+    return j * block_size

@@ -18,13 +18,14 @@ from cbgym.agents.routing.basic import (
 from cbgym.agents.routing.disagg import AlwaysDisaggregate, Dynamo, LlmD, NeverDisaggregate
 from cbgym.agents.routing.kairos import Kairos, KairosTransfer
 from cbgym.agents.routing.learned import LearnedRouter
+from cbgym.agents.routing.prefix import PREFIX_ROUTERS
 from cbgym.cluster.routing import Router
 
 ROUTERS: dict[str, type[Router]] = {
     cls.name: cls for cls in (
         RandomRouter, RoundRobin, LeastOutstanding, ShortestQueueTokens, PowerOfTwo,
         AlwaysDisaggregate, NeverDisaggregate, Dynamo, LlmD, Kairos, KairosTransfer,
-        LearnedRouter, InFlightCap)
+        LearnedRouter, InFlightCap, *PREFIX_ROUTERS)
 }
 
 
