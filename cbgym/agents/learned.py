@@ -181,6 +181,14 @@ class LearnedPolicy(Policy):
         if TENANT_KEY in space:  # a model trained with tenant_features
             T = space[TENANT_KEY].shape[0] // len(TENANT_FEATURES)
             obs[TENANT_KEY] = tenant_obs(dp.kernel_state, np.asarray(dp.tenant), T)
+        from cbgym.env import prefix_obs as po
+
+        if po.KEY in space:  # a model trained with prefix_features
+            if dp.cached_tokens is None:
+                raise ValueError(f"policy {self.label!r} was trained with prefix_features: it "
+                                 "needs an engine with prefix caching on a trace with block ids")
+            win = self._es.win
+            obs[po.KEY] = po.prefix_obs(dp, win[ko.W_IDS:ko.W_IDS + win[ko.NW]], self.K)
         return obs
 
     def _windows(self, dp: DecisionPoint) -> tuple[np.ndarray, np.ndarray]:

@@ -8,6 +8,10 @@ plays ``cbgym/Scheduling-v0`` or ``cbgym/SchedulingMasked-v0`` from what the age
   statistics exactly from their power-of-two scaling; waited times and the clock come from
   ``info["waiting_time_in_system_s"]`` / ``info["sim_time_s"]`` (float64, bit-exact; the float32
   observation would round them), falling back to the observation when no info is given;
+* with ``prefix_features`` (``waiting_prefix``), ``cached_tokens`` comes exactly from its
+  count scaling, so the cache-aware policies (``shortest-uncached-first``, ``k-lpm``...) rank
+  as on the fast path; without it the view has none (as if nothing were cached: each such
+  policy plays its cache-blind twin, even on an engine with prefix caching);
 * oracles (``privileged = True``) read true output lengths through the env's explicitly
   privileged accessors (the episode's lengths at reset, the visible slots' request ids each
   step; ``noisy-oracle`` thus sees its own corrupted lengths), never through obs or info;
@@ -39,6 +43,8 @@ from cbgym.env.observation import (
     global_index,
     time_unscale,
 )
+from cbgym.env.prefix_obs import KEY as PREFIX_KEY
+from cbgym.env.prefix_obs import decode_prefix
 from cbgym.env.scheduling_env import SchedulingEnv
 
 __all__ = ["EnvAgent", "run_episode"]
@@ -154,12 +160,15 @@ class EnvAgent:
         true = None
         if self.policy.privileged:
             true = self._privileged_outputs(n)
+        cached = None
+        if PREFIX_KEY in obs:
+            cached = decode_prefix(obs[PREFIX_KEY], obs["waiting_mask"])[0]["cached_tokens"]
         return QueueView(
             queue_pos=np.arange(n), prompt_tokens=d["prompt_tokens"],
             num_computed=d["num_computed"], num_generated=d["num_generated"],
             num_preemptions=d["num_preemptions"], waited_s=waited, tenant=d["tenant"],
             slo_class=d["slo_class"], now=now, recent_output_by_bucket=by_bucket,
-            recent_output_mean=mean, true_output_tokens=true,
+            recent_output_mean=mean, true_output_tokens=true, cached_tokens=cached,
         )
 
     def _privileged_outputs(self, n: int) -> np.ndarray:

@@ -31,6 +31,13 @@ from cbgym.env.action import (
 from cbgym.env.arguments import check_args, check_load
 from cbgym.env.episode import Episode
 from cbgym.env.observation import observation_space
+from cbgym.env.prefix_obs import KEY as PREFIX_KEY
+from cbgym.env.prefix_obs import (
+    check_prefix_features,
+    check_prefix_trace,
+    prefix_obs,
+    prefix_space,
+)
 from cbgym.env.render import render_rgb, render_text
 from cbgym.env.reward import COMPONENTS, RewardWeights, StepOutcome
 from cbgym.env.tenant_obs import KEY as TENANT_KEY
@@ -181,6 +188,11 @@ class SchedulingEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
     prompt content, true output lengths (oracles read them through
     :meth:`privileged_true_output_tokens`, never part of obs or info).
 
+    Opt-in keys (absent by default, sorted after the others): ``waiting_tenants``
+    (``tenant_features``: :mod:`cbgym.env.tenant_obs`) and ``waiting_prefix``
+    (``prefix_features``: each waiting slot's cached, uncached and shared prefix tokens and
+    blocks, then the prefix cache hit rate: :mod:`cbgym.env.prefix_obs`).
+
     ## Rewards
 
     +1 for each request that finishes in the step meeting both its TTFT and TPOT SLO (goodput).
@@ -242,6 +254,9 @@ class SchedulingEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
     | render_mode        | None             | "ansi" (text) or "rgb_array" (96x192x3 uint8) |
     | tenant_features    | 0                | T > 0: observe tenants 0..T-1's fairness       |
     |                    |                  | counters (``waiting_tenants``: tenant_obs)     |
+    | prefix_features    | False            | True: observe the prefix cache per waiting    |
+    |                    |                  | slot (``waiting_prefix``: prefix_obs); needs  |
+    |                    |                  | enable_prefix_caching, a trace's block ids    |
 
     A step is one call of the compiled kernel (:mod:`cbgym.env.kernel_ops`: the decision, the
     engine iterations up to the next decision point, the reward and the observation). The
@@ -302,6 +317,7 @@ class SchedulingEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
         invalid_action: Literal["stop", "noop", "raise"] = "stop",
         render_mode: str | None = None,
         tenant_features: int = 0,
+        prefix_features: bool = False,
     ) -> None:
         if invalid_action not in ("stop", "noop", "raise"):
             raise ValueError(f"invalid_action={invalid_action!r}: expected 'stop', 'noop' "
@@ -346,6 +362,12 @@ class SchedulingEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
         if self.tenant_features:  # (cbgym.env.tenant_obs: after the other keys)
             self.observation_space = spaces.Dict({
                 **self.observation_space.spaces, TENANT_KEY: tenant_space(self.tenant_features)})
+        self.prefix_features = check_prefix_features(prefix_features, self.config)
+        if self.prefix_features:  # (cbgym.env.prefix_obs: after the slot keys)
+            self.observation_space = spaces.Dict({
+                **self.observation_space.spaces, PREFIX_KEY: prefix_space(K)})
+            if self._base is not None:  # (a named trace is checked once loaded, at reset)
+                check_prefix_trace(self._base)
         self._sim: Episode | None = None
         self._started = False
         self._episode: Trace | None = None
@@ -392,6 +414,8 @@ class SchedulingEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
         return obs, info
 
     def _start_episode(self, window: Trace) -> None:
+        if self.prefix_features:
+            check_prefix_trace(window)
         self._episode = window
         # NOTE: "every_iteration" makes the engine stop at every iteration where a request
         # waits or memory runs short; it only skips (and fast-forwards) the rest.
@@ -516,6 +540,8 @@ class SchedulingEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
             assert self._episode is not None
             obs = {**obs, TENANT_KEY: tenant_obs(sim.engine.state, self._episode.tenant,
                                                  self.tenant_features)}
+        if self.prefix_features:
+            obs = {**obs, PREFIX_KEY: self._prefix_obs()}
         iterations = 0
         if outcome is not None:
             iteration = sim.engine.iteration
@@ -535,6 +561,18 @@ class SchedulingEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
             info["action_mask"] = self.action_masks()
             info["invalid_action"] = False
         return obs, info
+
+    def _prefix_obs(self) -> np.ndarray:
+        """``waiting_prefix`` from the engine's own decision point (its cache probe and
+        counters; the engine is at that point whenever the episode is not done)."""
+        sim = self._sim
+        assert sim is not None
+        if sim.done:
+            stats = sim.engine.prefix_cache_stats
+            return prefix_obs(None, sim.w_ids, self.K, stats["hits"] / stats["queries"]
+                              if stats["queries"] else float("nan"))
+        assert sim.engine.at_point  # (else next_decision would advance past the env)
+        return prefix_obs(sim.engine.next_decision(), sim.w_ids, self.K)
 
     def action_masks(self) -> np.ndarray:
         """Allowed ``SchedulingMasked-v0`` actions (int8, K + R + 1); STOP only when idle.

@@ -1,8 +1,9 @@
 """A Gymnasium ``SyncVectorEnv`` with the native vector envs' ``action_masks()``.
 
 What ``gym.make_vec`` builds for a task whose env has a feature the native vector envs'
-compiled step lacks (a cluster's edge, the tenants' counters): one env after another in
-Python, the same observations, rewards and masks as the native ones would give.
+compiled step lacks (a cluster's edge, the tenants' counters, prefix caching): one env
+after another in Python, the same observations, rewards and masks as the native ones would
+give.
 """
 
 from __future__ import annotations

@@ -22,6 +22,10 @@ arrays with ``_key`` masks: ``reward_components`` (goodput, ttft_miss, shed, lat
 ``num_finished``, ``num_good``, ``num_shed``, ``engine_iterations``, ``sim_time_s``,
 ``sim_time_elapsed``, ``waiting_time_in_system_s`` (N, K) and ``truncated_reason`` where an
 env hit the idle-hold limit. The time series of episodes is not kept.
+
+Not compiled in: ``tenant_features`` and prefix caching (``EngineConfig(
+enable_prefix_caching=True)``, ``prefix_features``) are refused here; ``gym.make_vec`` builds a
+:class:`~cbgym.env.sync_vector.SyncTaskVectorEnv` of single envs for them.
 """
 
 from __future__ import annotations
@@ -109,6 +113,20 @@ def env_seeds(seed: int | list[int | None] | None, num_envs: int) -> list[int | 
     return [None if x is None else int(x) for x in seeds]
 
 
+def native_only(proto: SchedulingEnv) -> None:
+    """Refuse what the batched compiled step lacks (gym.make_vec builds a
+    :class:`~cbgym.env.sync_vector.SyncTaskVectorEnv` for those instead)."""
+    if proto.tenant_features:
+        raise NotImplementedError(
+            "the native vector env has no tenant_features yet (its compiled step writes "
+            "the observation); gym.make_vec builds a SyncVectorEnv for such tasks")
+    if proto.config.enable_prefix_caching or proto.prefix_features:
+        # (its batched State carries one-column dummies for the named blocks and hash map)
+        raise NotImplementedError(
+            "the native vector env has no prefix caching (enable_prefix_caching, "
+            "prefix_features) yet; gym.make_vec builds a SyncVectorEnv for such envs")
+
+
 class SchedulingVectorEnv(VectorEnv):
     """N ``cbgym/Scheduling-v0`` envs stepped by one compiled call; see the module docstring."""
 
@@ -137,6 +155,7 @@ class SchedulingVectorEnv(VectorEnv):
         if max_episode_steps is not None:
             kwargs.setdefault("max_steps", max_episode_steps)
         self.proto = proto = self._single_env(kwargs)
+        native_only(proto)
         self.num_envs, self.num_threads, self.copy = int(num_envs), num_threads, copy
         self.observation_mode = observation
         self._setup_spaces(proto)
@@ -160,10 +179,6 @@ class SchedulingVectorEnv(VectorEnv):
 
     def _single_env(self, kwargs: dict[str, Any]) -> SchedulingEnv:
         """The argument checks, spaces and trace of one env (never stepped)."""
-        if kwargs.get("tenant_features"):
-            raise NotImplementedError(
-                "the native vector env has no tenant_features yet (its compiled step writes "
-                "the observation); gym.make_vec builds a SyncVectorEnv for such tasks")
         return SchedulingEnv(**kwargs)
 
     # ------------------------------------------------------------------ setup

@@ -214,7 +214,9 @@ def make_vector_env(num_envs: int = 1, task: str = DEFAULT_TASK, masked: bool = 
     from cbgym.env.vector import SchedulingMaskedVectorEnv, SchedulingVectorEnv
 
     kwargs = _kwargs(task, masked, overrides)
-    if kwargs.get("tenant_features"):  # (the native env's compiled step has none yet)
+    engine = kwargs.get("engine")
+    if kwargs.get("tenant_features") or kwargs.get("prefix_features") or getattr(
+            engine, "enable_prefix_caching", False):  # (the native env's compiled step lacks)
         from cbgym.env.sync_vector import SyncTaskVectorEnv
 
         vector = {k: kwargs.pop(k) for k in ("autoreset_mode",) if k in kwargs}
