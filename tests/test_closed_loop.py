@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 import cbgym
 from cbgym.engine import Decision, Engine, Status
-from cbgym.workload.sessions import synthetic_sessions
+from cbgym.workload.session_synth import synthetic_sessions
 from cbgym.workload.trace import Trace
 from tests.conftest import UNIT_COST, make_config
 from tests.test_engine_invariants import random_decision

@@ -11,7 +11,7 @@ from cbgym.agents import make_policy
 from cbgym.agents.base import _NO_STATS, QueueView
 from cbgym.engine import Decision, Engine, LinearCostModel
 from cbgym.engine.decision import PolicyContext
-from cbgym.workload.sessions import leading_hits
+from cbgym.workload.prefix_reuse import leading_hits
 from tests.conftest import UNIT_COST, make_config
 from tests.test_prefix_cache import BS, trace_of
 

@@ -29,7 +29,7 @@ from cbgym.workload import (
     synthetic_sessions,
 )
 from cbgym.workload.loaders import sniff_format
-from cbgym.workload.sessions import leading_hits
+from cbgym.workload.prefix_reuse import leading_hits
 
 TRACE_DIR = os.environ.get("CBGYM_TRACE_DIR")
 SESSION_EXTRAS = {"hash_ids", "hash_block_tokens", "session", "turn", "prev", "think_time_s"}

@@ -64,10 +64,9 @@ from cbgym.cluster.routing import (
     RoutingPoint,
     check_route,
 )
-from cbgym.cluster.tables import NOT_ROUTED, cluster_state, loads_of
-from cbgym.engine import gaps, handoff
+from cbgym.cluster.tables import NOT_ROUTED, batched_state, cluster_state, loads_of
+from cbgym.engine import handoff
 from cbgym.engine import layout as L
-from cbgym.engine import prefix_cache as pc
 from cbgym.engine.decision import Policy, PolicyContext
 from cbgym.engine.engine import Engine
 from cbgym.engine.jit import bind
@@ -134,7 +133,7 @@ class Cluster:
             sent = np.tile(trace.arrival_s[: self.num_offered], n // self.num_offered)
         self.role = np.array([ROLE_CODES[r] for r in config.roles], np.int64)
         self.policies = policies
-        self.S = self._batched(trace, config)
+        self.S = batched_state(trace, config)
         self.engines: list[Engine] = []
         for i, (cfg, pol) in enumerate(zip(config.engines, policies, strict=True)):
             pol.reset(PolicyContext(
@@ -178,28 +177,6 @@ class Cluster:
                                        ttft_target_s=float(np.min(self.ttft)) if n else 0.0,
                                        tpot_target_s=float(np.min(self.tpot)) if n else 0.0,
                                        num_requests=n))
-
-    @staticmethod
-    def _batched(trace: Trace, config: ClusterConfig) -> L.State:
-        engines = config.engines
-        block = max(int(e.block_size or 1) for e in engines)
-        rows = max(max(L.LOG_ROWS, 4 * e.max_num_seqs) for e in engines)
-        S = K.batched_states(config.num_instances, len(trace), block, rows,
-                             gaps.slots(trace.output_tokens))
-        if engines[0].enable_prefix_caching and "hash_ids" in trace.extra:
-            # each instance its own named pool, one shape for all (the largest instance's)
-            blocks, cache, tables = pc.empty_pool(
-                max(int(e.num_kv_blocks or 1) for e in engines),
-                int(sum(pc.table_offsets(trace.prompt_tokens, trace.output_tokens,
-                                         e.block_size or 1)[-1] for e in engines[:1])))
-            if len({e.block_size for e in engines}) > 1:
-                raise ValueError("ClusterConfig: prefix caching needs one block size on "
-                                 "every instance")
-            N = config.num_instances
-            S = S._replace(blocks=np.zeros((N, *blocks.shape), np.int64),
-                           cache=np.zeros((N, *cache.shape), np.int64),
-                           tables=np.zeros((N, *tables.shape), np.int64))
-        return S
 
     @staticmethod
     def _rule(router: Router | None) -> tuple[int, dict[int, float]]:

@@ -12,6 +12,9 @@ from cbgym.cluster import state as K
 from cbgym.cluster.config import ClusterConfig
 from cbgym.cluster.edge import edge_settings
 from cbgym.cluster.routing import LOAD_FIELDS, ROLE_CODES, Loads, Router
+from cbgym.engine import gaps
+from cbgym.engine import layout as L
+from cbgym.engine import prefix_cache as pc
 
 if TYPE_CHECKING:
     from cbgym.cluster.cluster import Cluster
@@ -108,3 +111,25 @@ def cluster_state(c: Cluster, trace: Trace, router: Router | None, lock_step: bo
         np.zeros((len(LOAD_FIELDS), N)), np.zeros((len(LOAD_FIELDS), N)),
         np.zeros(K.ROUTE_FIELDS, np.int64), jitter,
         K.new_link(nic, config.link.setup_s, cap=max(64, min(n, 4096) + 8)))
+
+
+def batched_state(trace: Trace, config: ClusterConfig) -> L.State:
+    """Every instance's engine state, instance by leading row; with prefix caching each
+    instance its own named pool, one shape for all (the largest instance's)."""
+    engines = config.engines
+    block = max(int(e.block_size or 1) for e in engines)
+    rows = max(max(L.LOG_ROWS, 4 * e.max_num_seqs) for e in engines)
+    S = K.batched_states(config.num_instances, len(trace), block, rows,
+                         gaps.slots(trace.output_tokens))
+    if not (engines[0].enable_prefix_caching and "hash_ids" in trace.extra):
+        return S
+    if len({e.block_size for e in engines}) > 1:
+        raise ValueError("ClusterConfig: prefix caching needs one block size on every "
+                         "instance")
+    size = int(pc.table_offsets(trace.prompt_tokens, trace.output_tokens, block)[-1])
+    blocks, cache, tables = pc.empty_pool(max(int(e.num_kv_blocks or 1) for e in engines),
+                                          size)
+    N = config.num_instances
+    return S._replace(blocks=np.zeros((N, *blocks.shape), np.int64),
+                      cache=np.zeros((N, *cache.shape), np.int64),
+                      tables=np.zeros((N, *tables.shape), np.int64))

@@ -22,10 +22,10 @@ from cbgym.engine.decision import Decision, DecisionPoint, Policy, validate_deci
 from cbgym.engine.jit import bind
 from cbgym.engine.kv_cache import KVCacheView
 from cbgym.engine.loop import advance, decide
-from cbgym.engine.prefix_cache import block_hashes
 from cbgym.engine.pricing import cost_params
 from cbgym.engine.recorder import Recorder
 from cbgym.engine.requests import RequestTable
+from cbgym.engine.trace_setup import has_sessions, start_sessions, trace_block_hashes
 from cbgym.workload.trace import Trace
 
 _GIB = 1 << 30
@@ -67,50 +67,6 @@ def compile_params(config: EngineConfig, consult: str, keyed: bool, record: bool
     ci[L.STRETCH] = stretches
     ci[L.VICTIM_BY_KEY] = victim_by_key
     return L.Params(ci, coef)
-
-
-def trace_block_hashes(trace: Trace, config: EngineConfig) -> np.ndarray:
-    """The engine-block hashes of ``trace``'s requests from its block ids
-    (:func:`cbgym.engine.prefix_cache.block_hashes`)."""
-    assert config.block_size is not None
-    ids = trace.extra["hash_ids"]
-    tokens = trace.extra.get("hash_block_tokens")
-    if tokens is None:
-        raise ValueError(f"trace {trace.name!r}: extra['hash_ids'] without "
-                         "extra['hash_block_tokens'] (the tokens each block id stands for)")
-    return block_hashes(trace.prompt_tokens, trace.output_tokens, config.block_size, ids,
-                        tokens, trace.tenant if config.cache_salt_by_tenant else None)
-
-
-SESSION_KEYS = ("session", "turn", "think_time_s")
-
-
-def has_sessions(trace: Trace) -> bool:
-    """Whether ``trace`` says which requests are a session's turns (closed-loop replay)."""
-    return all(k in trace.extra for k in SESSION_KEYS)
-
-
-def start_sessions(s: L.State, trace: Trace) -> None:
-    """Make a run closed-loop: only first turns (in the trace: a turn whose predecessor is
-    outside a window starts its session) are in the inbox; each request names its next
-    turn, sent when it ends (:func:`cbgym.engine.kutil.send`)."""
-    from cbgym.workload.sessions import previous_in_session
-
-    missing = [k for k in SESSION_KEYS if k not in trace.extra]
-    if missing:
-        raise ValueError(f"closed_loop=True: trace {trace.name!r} has no extra {missing} "
-                         "(a session trace: load_agent_sessions, synthetic_sessions)")
-    prev = previous_in_session(trace)
-    think = np.asarray(trace.extra["think_time_s"], np.float64)
-    if not (np.isfinite(think) & (think >= 0)).all():
-        raise ValueError(f"trace {trace.name!r}: think_time_s must be finite and >= 0")
-    later = prev >= 0
-    s.req[L.NEXT_TURN, prev[later]] = np.flatnonzero(later)
-    s.times[L.THINK] = think
-    s.times[L.ARRIVAL, later] = np.inf  # (sent when their previous turn ends)
-    roots = np.flatnonzero(~later)
-    s.ids[L.INBOX, : len(roots)] = roots
-    s.si[L.INBOX_N] = len(roots)
 
 
 def host_swap_tokens(config: EngineConfig) -> int:

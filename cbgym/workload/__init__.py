@@ -16,13 +16,13 @@ from cbgym.workload.loaders import (
     load_mooncake,
     load_trace_file,
 )
+from cbgym.workload.prefix_reuse import leading_hits, prefix_reuse
+from cbgym.workload.session_synth import synthetic_sessions
 from cbgym.workload.sessions import (
     SessionDataWarning,
     SessionFormatError,
     load_agent_sessions,
-    prefix_reuse,
     previous_in_session,
-    synthetic_sessions,
 )
 from cbgym.workload.synthetic import (
     from_distributions,
@@ -51,6 +51,7 @@ __all__ = [
     "load_trace",
     "load_trace_file",
     "poisson_arrivals",
+    "leading_hits",
     "prefix_reuse",
     "previous_in_session",
     "synthetic_sessions",

@@ -26,7 +26,8 @@ from typing import Any
 from tqdm import tqdm
 
 from cbgym.workload.loaders import load_trace_file
-from cbgym.workload.sessions import load_agent_sessions, synthetic_sessions
+from cbgym.workload.session_synth import synthetic_sessions
+from cbgym.workload.sessions import load_agent_sessions
 from cbgym.workload.synthetic import synthetic_trace
 from cbgym.workload.trace import Trace
 
@@ -381,7 +382,7 @@ def load_trace(
     Resolution order: an existing file path; an existing folder (agent sessions,
     :func:`cbgym.workload.sessions.load_agent_sessions`); ``synthetic-conv``/``synthetic-code``
     (generated, default size) or ``synthetic-sessions``
-    (:func:`cbgym.workload.sessions.synthetic_sessions`, defaults); a local name
+    (:func:`cbgym.workload.session_synth.synthetic_sessions`, defaults); a local name
     (:data:`LOCAL_TRACES`: ``mooncake-conversation``, ``mooncake-synthetic``,
     ``agent-sessions``), looked for like a catalogue name but never downloaded; a derived name
     (``tenants-conv-code-2023``: azure-conv-2023 as an interactive tenant beside azure-code-2023
