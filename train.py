@@ -122,6 +122,9 @@ class Args:
     (SB3's MultiInputPolicy over the flattened observation)"""
     net_arch: tuple[int, ...] = (64, 64)
     """hidden layers of the scorer and of the critic"""
+    prefix_inputs: bool = True
+    """with prefix_features (a prefix-caching task), each slot's score reads its cached,
+    uncached and shared-block counts (slot policy; else only the critic does)"""
     learning_rate: float = 3e-4
     """Adam learning rate"""
     n_steps: int = 64
@@ -545,6 +548,7 @@ def build_model(args: Args, vec_env: Any, out: Path) -> Any:
         policy_kwargs["log_std_init"] = args.log_std_init
     if args.policy == "slot":
         policy: Any = MaskableSlotPolicy if is_masked(args) else SlotPolicy
+        policy_kwargs["prefix_inputs"] = args.prefix_inputs
     elif args.policy == "mlp":
         policy = "MultiInputPolicy"
     else:

@@ -112,3 +112,46 @@ def test_closed_loop_invariants(trace: Trace, blocks: int, seed: int) -> None:
             continue
         j = np.flatnonzero((sess == sess[i]) & (turn == turn[i] - 1))[0]
         assert e.req.arrival_s[i] == e.req.finish_s[j] + think[i]
+
+
+class ShedFirst:
+    """Sheds request 0 at the first decision, FCFS otherwise."""
+
+    def __call__(self, dp):  # type: ignore[no-untyped-def]
+        if 0 in dp.waiting:
+            return Decision(shed=[0])
+        return Decision()
+
+
+def test_a_turn_shed_by_the_policy_sends_the_next_before_time_jumps() -> None:
+    """Found in review: an idle iteration jumped to the next arrival past a queued turn."""
+    tr = sessions([(0, 10, 3, 0, 0, 0.0), (1, 20, 2, 0, 1, 0.5), (100, 10, 1, 1, 0, 0.0)])
+    e = Engine(tr, CFG)
+    pick = ShedFirst()
+    while (dp := e.next_decision()) is not None:
+        e.decide(pick(dp))
+    assert e.req.status[0] == Status.SHED
+    assert e.req.arrival_s[1] == 0.5 and e.req.first_scheduled_s[1] == 0.5
+
+
+def test_a_turn_shed_on_arrival_sends_the_next_at_once() -> None:
+    """Found in review: a next turn due at once waited one iteration per shed link."""
+    # another request runs; the session's first turn never fits (shed at arrival 2), its
+    # next turn thinks for no time: admitted at 2, not 3
+    tr = sessions([(0, 10, 8, 1, 0, 0.0), (2, 5000, 3, 0, 0, 0.0), (2.5, 20, 2, 0, 1, 0.0)])
+    r = cbgym.simulate(tr, engine=CFG).requests
+    assert r.loc[1, "status"] == "shed"
+    assert r.loc[2, "arrival_s"] == 2.0 and r.loc[2, "first_scheduled_s"] == 2.0
+
+
+def test_the_next_turn_finds_the_blocks_of_the_previous_response() -> None:
+    """Found in review: turn k + 1's prompt holds turn k's prompt and response, so vLLM finds
+    every full block turn k computed, response included (up to the last-token cap)."""
+    tr = synthetic_sessions(1, turns=(3, 3), system_prompt_tokens=0, num_system_prompts=1,
+                            user_tokens=100, output_tokens=50, block_tokens=16, seed=0)
+    cfg = make_config(cost_model=UNIT_COST, num_kv_blocks=5000, block_size=16,
+                      enable_prefix_caching=True)
+    e = drain(Engine(tr, cfg))
+    # turn 1's prompt is 100 + 50 + 100 = 250 tokens: turn 0's 150 computed tokens hold
+    # 9 full blocks (144); turn 2's 400: turn 1's 300 hold 18 (288)
+    assert e.req.cached_tokens.tolist() == [0, 144, 288]

@@ -149,3 +149,20 @@ def test_cluster_invariants_with_prefix_caching(trace: Trace, n: int, blocks: in
     assert set(res.requests["status"]) <= {"finished", "shed"}
     again = serve(trace, replicas(n, blocks), spec)
     pd.testing.assert_frame_equal(res.requests[COLS], again.requests[COLS])
+
+
+@pytest.mark.parametrize("spec", ["dynamo-kv", "cache-affinity:32:0.3", "llm-d-prefix"])
+def test_routing_ahead_of_time_never_changes_what_a_cache_router_sees(spec: str) -> None:
+    """Found in review: with load reports every 50 ms the cluster routed arrivals ahead of
+    time, when the instances' caches were still at an earlier time."""
+    tr = families(200)
+    cfg = replicas(3, interval=0.05)
+
+    def run(eager: bool) -> pd.DataFrame:
+        c = Cluster(tr, cfg, make_router(spec), local_policies("fcfs", 3), eager=eager)
+        c.run()
+        from cbgym.cluster.results import cluster_result
+
+        return cluster_result(c, {}).requests
+
+    pd.testing.assert_frame_equal(run(True), run(False))

@@ -269,3 +269,19 @@ def test_decode_stretches_take_named_blocks_as_iteration_does(trace: Trace, cfg:
     assert a.prefix_cache_stats == b.prefix_cache_stats
     assert free_queue(a) == free_queue(b)
     np.testing.assert_array_equal(a.state.blocks, b.state.blocks)
+
+
+def test_a_cache_hit_is_no_swap_in() -> None:
+    """Found in review: an admission onto cached blocks was charged as a swap-in (host-link
+    time and swap space) wherever the model has a KV size."""
+    rows = [(0, 4096, 2, tuple(range(256))), (5, 4096, 2, tuple(range(256)))]
+    out = {}
+    for kvb in (1, 100_000):
+        cfg = make_config(cost_model=UNIT_COST, num_kv_blocks=2000, block_size=BS,
+                          max_num_batched_tokens=8192, enable_prefix_caching=True,
+                          kv_bytes_per_token=kvb)
+        e = drain(Engine(trace_of(rows), cfg))
+        assert e.host_free_tokens == Engine(trace_of(rows), cfg).host_free_tokens
+        assert e.req.cached_tokens[1] == 4080
+        out[kvb] = e.req.first_token_s.tolist()
+    assert out[1] == out[100_000]  # no transfer in the hit's first iteration

@@ -26,6 +26,10 @@ With ``tenant_features`` (``waiting_tenants``) and ``policy_kwargs={"tenant_inpu
 each slot's input also holds its own tenant's three counters (the tenant id decoded from the
 slot), and the context all tenants' rows; by default only the critic reads them.
 
+With ``prefix_features`` (``waiting_prefix``) and ``policy_kwargs={"prefix_inputs": True}``,
+each waiting slot's input also holds its cached-prefix, uncached and shared-block counts
+(running slots zeros), and the context the cache's hit rate.
+
 Two global features are left out of the scores: ``sim_time`` and ``total_preemptions`` count
 from the start of an episode, so a policy trained on 512-request windows would see values it
 never met on a full trace (``cbgym bench``). The critic keeps them (episode progress helps the
@@ -46,6 +50,8 @@ from stable_baselines3.common.preprocessing import get_flattened_obs_dim
 from torch import nn
 
 from cbgym.env.observation import _COUNT_SPAN, SLOT_FEATURES, global_index, slot_index, time_scale
+from cbgym.env.prefix_obs import FEATURES as PREFIX_FEATURES
+from cbgym.env.prefix_obs import KEY as PREFIX_KEY
 from cbgym.env.tenant_obs import FEATURES as TENANT_FEATURES
 from cbgym.env.tenant_obs import KEY as TENANT_KEY
 
@@ -83,10 +89,14 @@ class SlotScorer(nn.Module):
             (each slot its own tenant's counters, the context every tenant's); else only the
             critic does (the default: the measured better of the two on
             ``tenants-noisy-neighbour``, docs/benchmark.md).
+        prefix_inputs: with ``waiting_prefix`` in the observation, each waiting slot's score
+            reads its prefix-cache counts and the context the hit rate; else only the critic
+            does.
     """
 
     def __init__(self, space: spaces.Dict, hidden: list[int], stop_logit: bool = False,
-                 act: type[nn.Module] = nn.Tanh, tenant_inputs: bool = False) -> None:
+                 act: type[nn.Module] = nn.Tanh, tenant_inputs: bool = False,
+                 prefix_inputs: bool = False) -> None:
         super().__init__()
         self.slices: dict[str, slice] = {}
         start = 0
@@ -104,14 +114,16 @@ class SlotScorer(nn.Module):
         # row, the context all of them
         tenants = self.slices.get(TENANT_KEY) if tenant_inputs else None
         self.T = 0 if tenants is None else (tenants.stop - tenants.start) // len(TENANT_FEATURES)
-        self.own = self.F + len(WAIT_THRESHOLDS_S) + (len(TENANT_FEATURES) if self.T else 0)
+        self.P = len(PREFIX_FEATURES) if prefix_inputs and PREFIX_KEY in self.slices else 0
+        self.own = (self.F + len(WAIT_THRESHOLDS_S) + (len(TENANT_FEATURES) if self.T else 0)
+                    + self.P)
         slot_in = self.own
         n_global = self.slices["global"].stop - self.slices["global"].start
         keep = np.ones(n_global, dtype=bool)
         keep[[global_index(name) for name in NON_STATIONARY_GLOBALS]] = False
         self.register_buffer("keep", th.as_tensor(np.flatnonzero(keep)), persistent=False)
         width = hidden[0]
-        ctx_in = int(keep.sum()) + self.T * len(TENANT_FEATURES)
+        ctx_in = int(keep.sum()) + self.T * len(TENANT_FEATURES) + (1 if self.P else 0)
         self.context = nn.Sequential(nn.Linear(ctx_in, width), act())
         self.waiting_head = _mlp([slot_in + width, *hidden, 1], act)
         self.running_head = _mlp([slot_in + width, *hidden, 1], act)
@@ -133,17 +145,25 @@ class SlotScorer(nn.Module):
         s = self.slices
         glob = features[:, s["global"]].index_select(1, self.keep)
         tenants = features[:, s[TENANT_KEY]] if self.T else None
-        ctx = self.context(glob if tenants is None else th.cat((glob, tenants), dim=1))
+        ctx_parts = [glob] + ([tenants] if tenants is not None else [])
+        w_prefix = r_prefix = None
+        if self.P:  # per waiting slot its counts, running slots none; the hit rate global
+            pref = features[:, s[PREFIX_KEY]]
+            w_prefix = pref[:, : self.K * self.P].reshape(-1, self.K, self.P)
+            r_prefix = pref.new_zeros((pref.shape[0], self.R, self.P))
+            ctx_parts.append(pref[:, self.K * self.P:])
+        ctx = self.context(th.cat(ctx_parts, dim=1) if len(ctx_parts) > 1 else glob)
         out = [self._score(self.waiting_head, features[:, s["waiting"]],
-                           features[:, s["waiting_mask"]], ctx, self.K, tenants),
+                           features[:, s["waiting_mask"]], ctx, self.K, tenants, w_prefix),
                self._score(self.running_head, features[:, s["running"]],
-                           features[:, s["running_mask"]], ctx, self.R, tenants)]
+                           features[:, s["running_mask"]], ctx, self.R, tenants, r_prefix)]
         if self.stop_head is not None:
             out.append(self.stop_head(ctx))
         return th.cat(out, dim=1)
 
     def _score(self, head: nn.Sequential, slots: th.Tensor, mask: th.Tensor, ctx: th.Tensor,
-               n: int, tenants: th.Tensor | None = None) -> th.Tensor:
+               n: int, tenants: th.Tensor | None = None,
+               prefix: th.Tensor | None = None) -> th.Tensor:
         per_slot = slots.reshape(-1, n, self.F)
         waited = per_slot[:, :, _TIME : _TIME + 1]
         flags = th.sigmoid((waited - self.wait_centers) * _WAIT_SHARPNESS)
@@ -153,6 +173,8 @@ class SlotScorer(nn.Module):
             mine = th.gather(rows, 1, who.clamp(0, self.T - 1).unsqueeze(-1).expand(
                 -1, -1, len(TENANT_FEATURES)))
             flags = th.cat((flags, mine * (who < self.T).unsqueeze(-1)), dim=2)
+        if prefix is not None:
+            flags = th.cat((flags, prefix), dim=2)
         # The head's first layer sees [slot features, flags, context]; the context is the same
         # for every slot of a sample, so its part of the product is computed once per sample
         # and broadcast (the same function as concatenating it to each slot: 2x less work).
@@ -181,14 +203,18 @@ class _SlotBuild:
     activation_fn: type[nn.Module]
     stop_logit: bool = False
     tenant_inputs: bool = False
+    prefix_inputs: bool = False
 
-    def __init__(self, *args: Any, tenant_inputs: bool = False, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, tenant_inputs: bool = False, prefix_inputs: bool = False,
+                 **kwargs: Any) -> None:
         self.tenant_inputs = bool(tenant_inputs)  # (read while the base class builds)
+        self.prefix_inputs = bool(prefix_inputs)
         super().__init__(*args, **kwargs)
 
     def _get_constructor_parameters(self) -> dict[str, Any]:
         data = super()._get_constructor_parameters()  # type: ignore[misc]
         data["tenant_inputs"] = self.tenant_inputs
+        data["prefix_inputs"] = self.prefix_inputs
         return data
 
     def _build_mlp_extractor(self) -> None:
@@ -200,7 +226,8 @@ class _SlotBuild:
         self.mlp_extractor = SlotScorer(space, _hidden(self.net_arch),
                                         stop_logit=self.stop_logit or int(n) > slots,
                                         act=self.activation_fn,
-                                        tenant_inputs=self.tenant_inputs)
+                                        tenant_inputs=self.tenant_inputs,
+                                        prefix_inputs=self.prefix_inputs)
 
     def _build(self, lr_schedule: Callable[[float], float]) -> None:
         super()._build(lr_schedule)  # type: ignore[misc]

@@ -165,8 +165,10 @@ class Cluster:
         self.rule = self._rule(router)
         self.C = cluster_state(self, trace, router, lock_step, audit, seed)
         reads = router is None or router.reads_loads
-        # (the edge reads live queues at each arrival: no routing ahead of time)
+        # (the edge reads live queues at each arrival, and a router with prefix caching
+        # each instance's cache now: no routing ahead of time)
         self.C.ci[K.EAGER] = (eager and not lock_step and all(self._keyed) and not self.edge
+                              and not self.engines[0].prefix_caching
                               and (config.load_report_interval_s > 0 or not reads))
         self.router_shed: dict[int, str] = {}
         self._pending: RoutingPoint | None = None

@@ -6,7 +6,7 @@ import numpy as np
 
 from cbgym.engine import gaps
 from cbgym.engine.jit import no_alloc_kernel
-from cbgym.engine.kutil import end, keep_status, named, release_as, report
+from cbgym.engine.kutil import end, keep_status, named, release_as, report, send_turns
 from cbgym.engine.layout import (
     ARRIVAL,
     AT_DECISION,
@@ -62,6 +62,7 @@ from cbgym.engine.layout import (
     SWAP_BYTES,
     TOKENS,
     TOO_MANY_IDLE_TICKS,
+    TURNS_N,
     UNTIL,
     WAIT_Q,
     Params,
@@ -179,6 +180,11 @@ def idle(s: State) -> int:
     si[IDLED] = 1
     if si[OUTBOX_N] > 0:
         return AT_DECISION  # a transfer starts now: its cluster moves before time does
+    if si[TURNS_N]:  # a turn shed this iteration: its session's next one is sent first
+        send_turns(s)
+        nxt = si[NEXT_ARRIVAL]
+        if nxt < si[INBOX_N] and arrival[inbox[nxt]] <= sf[NOW]:
+            return AT_DECISION  # due now: no time passes
     if sf[UNTIL] < np.inf and (remote_blocked(s) or s_keyed(s)):
         # a cluster's instance with nothing it can do (its policy is decided here, or it
         # waits on KV): nothing changes before its cluster's next event or its next

@@ -2,7 +2,8 @@
 
 The kernel counts blocks (``cbgym.engine.kutil``); this is the read-only view the Python side
 shows (``Engine.kv``). The invariant: ``0 <= free <= num_blocks``,
-``free + held.sum() == num_blocks``.
+``free + held.sum() == num_blocks`` (with prefix caching, blocks are shared: ``free`` + the
+blocks anybody holds ``== num_blocks``, ``cbgym.engine.prefix_cache``).
 """
 
 from __future__ import annotations

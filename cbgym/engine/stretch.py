@@ -160,6 +160,20 @@ def name_blocks(s: State, n: int, steps: int, bs: int) -> None:
 
 
 @no_alloc_kernel
+def named_end(s: State, p: Params, n: int, last: bool) -> None:
+    """A stretch's end with named blocks: register the blocks its tokens filled, then (at
+    its last step) free the finished, in running order as vLLM does; ``si[N_RUN]`` set."""
+    running, bs = s.ids[RUN_Q], p.ci[BLOCK_SIZE]
+    for i in range(n):
+        pc.cache_full(s, running[i], s.req[COMPUTED, running[i]], bs)
+    s.si[N_RUN] = n
+    if last:
+        for i in range(n):
+            finished(s, p, running[i], True)
+        s.si[N_RUN] = keep_status(running, n, s.req[STATUS], RUNNING)
+
+
+@no_alloc_kernel
 def decode_stretch(s: State, p: Params) -> bool:
     """Run a stretch of at least two decode-only iterations if one starts now (the running
     plan is current and nothing needs deciding); False, doing nothing, otherwise."""
@@ -266,20 +280,17 @@ def decode_stretch(s: State, p: Params) -> bool:
                     break
                 add_gap(s, rid, buf[j])
         last_token[rid] = t
-        if named:
-            pc.cache_full(s, rid, computed[rid], bs)
-        elif not ci[PAPER]:  # a decoding request holds exactly the blocks its tokens need
-            held[rid] = -(-computed[rid] // bs)
-        # (named blocks are freed after the loop: a named release inlined here slowed
-        # every run measurably)
+        if not named and not ci[PAPER]:  # a decoding request holds exactly the blocks its
+            held[rid] = -(-computed[rid] // bs)  # tokens need
+        # (named blocks are registered and freed after the loop: the named path inlined
+        # here slowed every run measurably)
         if last and not named and finished(s, p, rid, False):
             continue
         running[m] = rid
         m += 1
-    if named and last:  # in running order, as vLLM frees the finished
-        for i in range(n):
-            finished(s, p, running[i], True)
-        m = keep_status(running, n, s.req[STATUS], RUNNING)
+    if named:
+        named_end(s, p, n, last)
+        m = si[N_RUN]
     si[N_RUN] = m
     if m < n and ci[CONSULT] == ON_COMPLETION:
         si[CHANGED] = 1

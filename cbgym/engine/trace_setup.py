@@ -23,7 +23,25 @@ def trace_block_hashes(trace: Trace, config: EngineConfig) -> np.ndarray:
         raise ValueError(f"trace {trace.name!r}: extra['hash_ids'] without "
                          "extra['hash_block_tokens'] (the tokens each block id stands for)")
     return block_hashes(trace.prompt_tokens, trace.output_tokens, config.block_size, ids,
-                        tokens, trace.tenant if config.cache_salt_by_tenant else None)
+                        tokens, trace.tenant if config.cache_salt_by_tenant else None,
+                        next_turn_donors(trace) if has_sessions(trace) else None)
+
+
+def next_turn_donors(trace: Trace) -> np.ndarray:
+    """Per request, its session's next turn if that turn's prompt extends this one's (its
+    ids start with this prompt's full-block ids, at the same block size), else -1: the
+    next turn names the blocks this one's response fills."""
+    from cbgym.workload.sessions import previous_in_session
+
+    prev = previous_in_session(trace)
+    ids, big = trace.extra["hash_ids"], np.asarray(trace.extra["hash_block_tokens"])
+    donor = np.full(len(trace), -1, np.int64)
+    for nxt in np.flatnonzero(prev >= 0):
+        r = prev[nxt]
+        full = int(trace.prompt_tokens[r] // big[r]) if big[r] > 0 else 0
+        if big[nxt] == big[r] and tuple(ids[nxt][:full]) == tuple(ids[r][:full]):
+            donor[r] = nxt
+    return donor
 
 
 SESSION_KEYS = ("session", "turn", "think_time_s")
@@ -37,7 +55,7 @@ def has_sessions(trace: Trace) -> bool:
 def start_sessions(s: L.State, trace: Trace) -> None:
     """Make a run closed-loop: only first turns (in the trace: a turn whose predecessor is
     outside a window starts its session) are in the inbox; each request names its next
-    turn, sent when it ends (:func:`cbgym.engine.kutil.send`)."""
+    turn, sent when it ends (:func:`cbgym.engine.kutil.send_turns`)."""
     from cbgym.workload.sessions import previous_in_session
 
     missing = [k for k in SESSION_KEYS if k not in trace.extra]

@@ -66,10 +66,23 @@ def admit_arrivals(s: State, p: Params) -> None:
     si, ci, now = s.si, p.ci, s.sf[NOW]
     if si[TURNS_N]:
         send_turns(s)
-    arrival, prompt, output = s.times[ARRIVAL], s.req[PROMPT], s.req[OUTPUT]
-    inbox, remote = s.ids[INBOX], s.req[REMOTE]
     bs = ci[BLOCK_SIZE]
     j = si[NEXT_ARRIVAL]
+    while True:
+        j = admit_due(s, p, j, now, bs)
+        si[NEXT_ARRIVAL] = j
+        if not si[TURNS_N]:
+            return
+        send_turns(s)  # a session whose turn was shed on arrival sends its next one (due
+        # now if it thinks for no time)
+
+
+@no_alloc_kernel
+def admit_due(s: State, p: Params, j: int, now: float, bs: int) -> int:
+    """:func:`admit_arrivals`' pass over the inbox from position j; where it stopped."""
+    si, ci = s.si, p.ci
+    arrival, prompt, output = s.times[ARRIVAL], s.req[PROMPT], s.req[OUTPUT]
+    inbox, remote = s.ids[INBOX], s.req[REMOTE]
     while j < si[INBOX_N] and arrival[inbox[j]] <= now:
         rid = inbox[j]
         code = np.int64(0)
@@ -95,9 +108,7 @@ def admit_arrivals(s: State, p: Params) -> None:
             si[N_WAIT] += 1
             si[CHANGED] = 1
         j += 1
-    si[NEXT_ARRIVAL] = j
-    if si[TURNS_N]:  # a session whose turn was shed on arrival sends its next one
-        send_turns(s)
+    return j
 
 
 @no_alloc_kernel
@@ -107,7 +118,8 @@ def start(s: State, p: Params, rid: int, computed: int) -> None:
     si = s.si
     if s.req[REMOTE, rid] != LOCAL:
         s.req[REMOTE, rid] = LOCAL  # its KV is local from now on (a preemption recomputes)
-    elif computed:  # swap-in: the KV crosses the host link back
+    elif s.req[HOST_TOKENS, rid]:  # swap-in: the KV crosses the host link back (a prefix
+        # cache hit also starts with tokens computed, on blocks already here: no transfer)
         si[SWAP_BYTES] += computed * p.ci[KV_BYTES]
         si[HOST_FREE] += computed
         s.req[HOST_TOKENS, rid] = 0

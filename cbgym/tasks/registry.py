@@ -18,9 +18,10 @@ made (``CBGYM_TRACE_DIR`` or the user cache), not at import.
 | conv-study-interactive | azure-conv-2023 | cbsjf-paper | 1.0-1.6 | 1.3 | 0.5 s / 0.1 s |
 | conv-vllm-kv-pressure | azure-conv-2023 | llama-2-13b/a100-40gb | 1.6-2.8 | 2.5 | 1 s / 0.1 s |
 | tenants-noisy-neighbour | tenants-conv-code-2023 | llama-3.1-8b/a100-80gb | 1.0-1.4 | 1.2 | tier |
+| prefix-conv-mooncake | mooncake-conversation | llama-3.1-8b/h100-80gb | 1.0-1.4 | 1.2 | 5 s |
 
 The code trace's test range (2,646 requests) holds 5 non-overlapping 512-request windows, so
-its tasks have 5 test windows (the conv tasks 8). ``cbgym/Scheduling-v0`` and
+its tasks have 5 test windows (the conv tasks 8, the Mooncake one 7). ``cbgym/Scheduling-v0`` and
 ``cbgym/SchedulingMasked-v0`` are :data:`DEFAULT_TASK`. Every
 task's env sheds on a shed score once a request can no longer meet its TTFT target
 (``shed_rule="unreachable"``) and carries a running-cap score (``admission_cap``). Loads, SLOs
@@ -162,6 +163,16 @@ TASKS: Mapping[str, Task] = MappingProxyType({task.name: task for task in (
          env={**TASK_ENV, "tenant_features": 2},
          references=("cb-sjf-work-shed:24", "priority", "strict-tiers", "vtc", "drr", "wfq",
                      "least-slack", "cb-sjf-work-slo-aging:0.05")),
+    Task("prefix-conv-mooncake",
+         "Kimi's conversation trace (12k-token prompts, block ids) past saturation on one "
+         "H100 with vLLM's prefix caching: the shared system prompt and recent turns hit, "
+         "and the cache's state is in the observation (prefix_features).",
+         trace="mooncake-conversation", engine="llama-3.1-8b/h100-80gb",
+         engine_args={"enable_prefix_caching": True}, train_load=(1.0, 1.4), test_load=1.2,
+         slo=SLO(ttft_s=5.0, tpot_s=0.1), test_windows=7,
+         env={**TASK_ENV, "prefix_features": True},
+         references=("cb-sjf-work-shed", "shortest-uncached-first", "cb-sjf-work-uncached",
+                     "hrrn-uncached", "k-lpm:4", "oracle-work-uncached")),
 )})
 
 
