@@ -117,6 +117,16 @@ def test_infinite_cache_hits_are_the_traces_leading_prefix_reuse(trace_dir) -> N
     from cbgym.workload import load_trace
 
     tr = load_trace("mooncake-conversation").window(0, 2000)
+    e, want = infinite_cache(tr)
+    assert e.prefix_cache_stats["evicted_blocks"] == 0
+    assert e.req.cached_tokens.tolist() == want.tolist()
+    assert e.prefix_cache_stats["hits"] == int(want.sum())
+
+
+def infinite_cache(tr) -> tuple[Engine, np.ndarray]:  # type: ignore[no-untyped-def]
+    """``tr`` one request at a time into a cache that never evicts, and what the trace's own
+    leading-prefix reuse says each request finds under vLLM's rules (full 512-token blocks,
+    at most prompt - 1 tokens)."""
     blocks = int(np.sum(-(-(tr.prompt_tokens + tr.output_tokens) // BS)))
     cfg = cbgym.EngineConfig(preset=None, cost_model=LinearCostModel(), num_kv_blocks=blocks,
                              enable_prefix_caching=True, max_num_seqs=1,
@@ -124,12 +134,10 @@ def test_infinite_cache_hits_are_the_traces_leading_prefix_reuse(trace_dir) -> N
     e = Engine(tr, cfg, consult="never")
     while e.next_decision() is not None:
         e.decide(Decision())
-    assert e.prefix_cache_stats["evicted_blocks"] == 0
-    hits = leading_hits(tr)  # leading ids seen before (the trace's own reuse)
     full = tr.prompt_tokens // 512
-    want = np.minimum(np.minimum(hits, full) * 512, (tr.prompt_tokens - 1) // BS * BS)
-    assert e.req.cached_tokens.tolist() == want.tolist()
-    assert e.prefix_cache_stats["hits"] == int(want.sum())
+    want = np.minimum(np.minimum(leading_hits(tr), full) * 512,
+                      (tr.prompt_tokens - 1) // BS * BS)
+    return e, want
 
 
 @pytest.mark.slow
@@ -143,16 +151,7 @@ def test_whole_mooncake_conversation_infinite_cache(trace_dir) -> None:
     from cbgym.workload import load_trace, prefix_reuse
 
     tr = load_trace("mooncake-conversation")
-    blocks = int(np.sum(-(-(tr.prompt_tokens + tr.output_tokens) // BS)))
-    cfg = cbgym.EngineConfig(preset=None, cost_model=LinearCostModel(), num_kv_blocks=blocks,
-                             enable_prefix_caching=True, max_num_seqs=1,
-                             max_num_batched_tokens=1 << 20)
-    e = Engine(tr, cfg, consult="never")
-    while e.next_decision() is not None:
-        e.decide(Decision())
-    full = tr.prompt_tokens // 512
-    want = np.minimum(np.minimum(leading_hits(tr), full) * 512,
-                      (tr.prompt_tokens - 1) // BS * BS)
+    e, want = infinite_cache(tr)
     assert e.prefix_cache_stats["hits"] == int(want.sum())
     reuse = prefix_reuse(tr)
     assert round(100 * reuse["block_hit_fraction"], 1) == 36.6
