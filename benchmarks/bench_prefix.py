@@ -17,8 +17,10 @@
    tokens) and the study's (``oracle-work``: prompt length + true output). Where
    ``|FCFS - Oracle| < 2%`` of FCFS the ratio divides by noise: "decisions do not matter".
    Beside FCFS's realised hit rate, the replayed requests' reuse with an infinite cache
-   (``prefix_reuse(...)["token_hit_fraction"]``) and the part of it reused within the KV
-   pool's size of other prompts (trace order): how much of it one GPU's cache captures.
+   (``prefix_reuse(...)["token_hit_fraction"]``: prompt-to-prompt), the same with each
+   response's blocks cached as well (a session's next turn hits them), and the part of the
+   first reused within the KV pool's size of other prompts (trace order): how much of it one
+   GPU's cache captures.
 
     python benchmarks/bench_prefix.py [--traces mooncake-conversation,...] [--preset P]
         [--loads 0.8,0.9] [--windows 3] [--window-requests 2000] [--workers 2]
@@ -42,6 +44,7 @@ from scipy.stats import spearmanr
 import cbgym
 from cbgym.capacity import measure_capacity, scale_to_load
 from cbgym.engine.engine import has_sessions
+from cbgym.engine.trace_setup import next_turn_donors
 from cbgym.workload import load_trace, prefix_reuse, synthetic_sessions
 from cbgym.workload.trace import Trace
 
@@ -132,6 +135,28 @@ def reuse_within(trace: Trace, pool_tokens: int) -> float:
     return float(near)
 
 
+def reuse_with_responses(trace: Trace) -> float:
+    """Infinite-cache hit tokens (as :func:`prefix_reuse` counts them, trace order) when a
+    request's response blocks are cached too: on a session trace, the engine names the blocks
+    a turn's response fills with its next turn's ids (``next_turn_donors``), so the next turn
+    can hit them; :func:`prefix_reuse` counts prompt-to-prompt reuse only."""
+    ids, block = trace.extra["hash_ids"], np.asarray(trace.extra["hash_block_tokens"], np.int64)
+    prompt = np.asarray(trace.prompt_tokens, np.int64)
+    output = np.asarray(trace.output_tokens, np.int64)
+    donor = next_turn_donors(trace) if has_sessions(trace) else np.full(len(trace), -1)
+    seen: set[int] = set()
+    hit = 0
+    for r in range(len(trace)):
+        k = 0
+        while k < len(ids[r]) and ids[r][k] in seen:
+            k += 1
+        hit += min(k * int(block[r]), int(prompt[r]))
+        seen.update(ids[r])
+        if donor[r] >= 0:  # the full blocks of prompt + response, named by the next turn
+            seen.update(ids[donor[r]][:int((prompt[r] + output[r]) // block[r])])
+    return float(hit)
+
+
 def capacity(args: tuple[Source, str, int, int]) -> dict:
     """A window's capacity with caching on (released at t=0 with its block ids, FCFS), the
     cache-blind capacity (measure_capacity: no ids, so no hits) and its infinite-cache reuse."""
@@ -142,6 +167,7 @@ def capacity(args: tuple[Source, str, int, int]) -> dict:
     out = {"trace": label(source), "window": start, "requests": count, "pool_tokens": pool,
            "reuse_hit_tokens": reuse["hit_tokens"], "reuse_prompt_tokens": reuse["prompt_tokens"],
            "reuse_near_tokens": reuse_within(trace, pool),
+           "reuse_resp_tokens": reuse_with_responses(trace),
            "spearman": reuse["spearman_prompt_uncached"], "mu_cached": math.nan,
            "mu_blind": math.nan, "burst_hit_rate": math.nan}
     if not has_sessions(trace):
@@ -237,8 +263,10 @@ def report(mean: pd.DataFrame, caps: pd.DataFrame, args: argparse.Namespace,
         fcfs = rows.loc["fcfs"]
         print(f"\n   {trace}, {load}: {len(c)} window(s), {int(c['requests'].sum())} requests")
         near = c["reuse_near_tokens"].sum() / c["reuse_prompt_tokens"].sum()
+        resp = c["reuse_resp_tokens"].sum() / c["reuse_prompt_tokens"].sum()
         say(f"infinite-cache reuse of these requests {reuse:.1%} of prompt tokens (prompt vs "
-            f"uncached Spearman {c['spearman'].mean():.2f}), {near:.1%} reused within the KV "
+            f"uncached Spearman {c['spearman'].mean():.2f}), {resp:.1%} with the responses' "
+            f"blocks cached too, {near:.1%} reused within the KV "
             f"pool's {c['pool_tokens'].iloc[0]:,} tokens of other prompts (trace order); FCFS "
             f"realised hit rate {fcfs['hit_pct']:.1f}% (prompt vs uncached at first admission "
             f"Spearman {fcfs['spearman_run']:.2f}).")
@@ -268,6 +296,7 @@ def report(mean: pd.DataFrame, caps: pd.DataFrame, args: argparse.Namespace,
         table.index.name = None
         print("   " + table.to_string().replace("\n", "\n   "))
         col = {"infinite-cache reuse %": f"{100 * reuse:.1f}",
+               "with responses %": f"{100 * resp:.1f}",
                "reuse within the pool %": f"{100 * near:.1f}",
                "FCFS hit %": f"{fcfs['hit_pct']:.1f}",
                "FCFS Spearman(prompt, uncached)": f"{fcfs['spearman_run']:.2f}"}
