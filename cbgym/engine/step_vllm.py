@@ -366,11 +366,24 @@ def admit(s: State, p: Params, m: int, budget: int) -> int:
 
 
 @no_alloc_kernel
+def name_running(s: State, p: Params, n: int) -> None:
+    """The running batch's planned new blocks, taken by name in running order (as vLLM
+    allocates), and the blocks its scheduled tokens fill registered."""
+    running, plan_tokens, plan_need = s.ids[RUN_Q], s.ids[PLAN_TOKENS], s.ids[PLAN_NEED]
+    computed, tokens = s.req[COMPUTED], s.req[TOKENS]
+    for i in range(n):
+        rid = running[i]
+        pc.take(s, rid, plan_need[i])
+        pc.cache_full(s, rid, min(computed[rid] + plan_tokens[i], tokens[rid]),
+                      p.ci[BLOCK_SIZE])
+
+
+@no_alloc_kernel
 def schedule(s: State, p: Params) -> int:
     """One vLLM v1 scheduling pass: running first, then waiting. The batch size."""
     si, ci = s.si, p.ci
     running, plan_tokens, plan_need = s.ids[RUN_Q], s.ids[PLAN_TOKENS], s.ids[PLAN_NEED]
-    computed, held, tokens = s.req[COMPUTED], s.req[HELD], s.req[TOKENS]
+    computed, held = s.req[COMPUTED], s.req[HELD]
     budget = ci[BUDGET]
     if not si[PLAN_VALID]:
         running_plan(s, p)
@@ -386,7 +399,6 @@ def schedule(s: State, p: Params) -> int:
         every_decode = si[PLAN_DECODING] != 0 and n <= budget  # everyone, one token
         m = np.int64(0)
         assert si[PLAN_TOTAL] <= si[FREE], "KV blocks over-committed"
-        named = ci[PREFIX] != 0
         for i in range(n):
             rid = running[i]
             if plan_tokens[i] > 0 or every_decode:
@@ -394,13 +406,11 @@ def schedule(s: State, p: Params) -> int:
                 sched_tokens[m] = plan_tokens[i]
                 m += 1
                 budget -= plan_tokens[i]
-            if named:  # its new blocks by name, in running order (as vLLM allocates)
-                pc.take(s, rid, plan_need[i])
-                pc.cache_full(s, rid, min(computed[rid] + plan_tokens[i], tokens[rid]),
-                              ci[BLOCK_SIZE])
-            else:
-                held[rid] += plan_need[i]
-        if not named:
+        if ci[PREFIX]:  # the new blocks by name (a separate loop: inlined into the one
+            name_running(s, p, n)  # above it slowed every run measurably)
+        else:
+            for i in range(n):
+                held[running[i]] += plan_need[i]
             si[FREE] -= si[PLAN_TOTAL]
         preempted = False
     else:
