@@ -19,7 +19,6 @@ from cbgym.engine.kutil import copy_ids, grow_to, keep_status, remove, report, s
 from cbgym.engine.layout import (
     BLOCK_SIZE,
     BUDGET,
-    CACHED,
     CHANGED,
     CHUNK_CAP,
     CHUNKED,
@@ -39,10 +38,6 @@ from cbgym.engine.layout import (
     ORDER,
     OUTPUT,
     PAPER,
-    PC_HITS,
-    PC_PRE_HITS,
-    PC_PRE_QUERIES,
-    PC_QUERIES,
     PLAN_CTX,
     PLAN_DECODING,
     PLAN_LEFT,
@@ -50,7 +45,6 @@ from cbgym.engine.layout import (
     PLAN_TOKENS,
     PLAN_TOTAL,
     PLAN_VALID,
-    PREEMPTIONS,
     PREFIX,
     R_KV_EXCEEDED,
     REMOTE,
@@ -77,6 +71,7 @@ from cbgym.engine.layout import (
     Params,
     State,
 )
+from cbgym.engine.step_prefix import name_running, take_cached
 from cbgym.engine.transitions import preempt, shed, start
 
 
@@ -263,24 +258,6 @@ def stalled_here(s: State) -> bool:
 
 
 @no_alloc_kernel
-def take_cached(s: State, rid: int, hits: int, upto: int, total: int, bs: int) -> None:
-    """Admit ``rid`` onto its ``hits`` cached blocks: take them, new blocks for the tokens up
-    to ``upto``, register the blocks those fill, and count the lookup as vLLM's
-    PrefixCacheStats do (a preempted request's own line)."""
-    pc.adopt(s, rid, hits)
-    grow_to(s, bs, rid, upto)
-    pc.cache_full(s, rid, upto, bs)
-    si, req = s.si, s.req
-    if req[PREEMPTIONS, rid]:
-        si[PC_PRE_QUERIES] += total
-        si[PC_PRE_HITS] += hits * bs
-    else:
-        si[PC_QUERIES] += total
-        si[PC_HITS] += hits * bs
-        req[CACHED, rid] = hits * bs
-
-
-@no_alloc_kernel
 def admit(s: State, p: Params, m: int, budget: int) -> int:
     """Admit waiting requests in order until one does not fit; the new batch size.
 
@@ -363,19 +340,6 @@ def admit(s: State, p: Params, m: int, budget: int) -> int:
         shed(s, never[j], R_KV_EXCEEDED)
     assert budget >= 0, "token budget over-spent"
     return m
-
-
-@no_alloc_kernel
-def name_running(s: State, p: Params, n: int) -> None:
-    """The running batch's planned new blocks, taken by name in running order (as vLLM
-    allocates), and the blocks its scheduled tokens fill registered."""
-    running, plan_tokens, plan_need = s.ids[RUN_Q], s.ids[PLAN_TOKENS], s.ids[PLAN_NEED]
-    computed, tokens = s.req[COMPUTED], s.req[TOKENS]
-    for i in range(n):
-        rid = running[i]
-        pc.take(s, rid, plan_need[i])
-        pc.cache_full(s, rid, min(computed[rid] + plan_tokens[i], tokens[rid]),
-                      p.ci[BLOCK_SIZE])
 
 
 @no_alloc_kernel
