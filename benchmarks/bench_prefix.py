@@ -43,8 +43,7 @@ from scipy.stats import spearmanr
 
 import cbgym
 from cbgym.capacity import measure_capacity, scale_to_load
-from cbgym.engine.engine import has_sessions
-from cbgym.engine.trace_setup import next_turn_donors
+from cbgym.engine.trace_setup import has_sessions, next_turn_donors
 from cbgym.workload import load_trace, prefix_reuse, synthetic_sessions
 from cbgym.workload.trace import Trace
 
