@@ -193,7 +193,7 @@ def new_state(arrival_s: np.ndarray, prompt: np.ndarray, output: np.ndarray,
     run in instead of new ones (a cluster's instance: views into its batched state), at
     least as large as these would be. ``p99``: keep what each request's p99 gap needs
     (``itl_p99_s``); else only its worst gap, cheaper (the study's engine mode).
-    ``prefix_hashes``: every request's block hashes (``prefix_cache.block_hashes``): prefix
+    ``prefix_hashes``: every request's block hashes (``prefix_hashes.block_hashes``): prefix
     caching on, blocks named."""
     from cbgym.engine import prefix_cache as pc  # (it imports this module)
 

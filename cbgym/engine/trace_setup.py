@@ -7,7 +7,7 @@ import numpy as np
 
 from cbgym.engine import layout as L
 from cbgym.engine.config import EngineConfig
-from cbgym.engine.prefix_cache import block_hashes
+from cbgym.engine.prefix_hashes import block_hashes
 from cbgym.workload.trace import Trace
 
 __all__ = ["SESSION_KEYS", "has_sessions", "start_sessions", "trace_block_hashes"]
@@ -15,7 +15,7 @@ __all__ = ["SESSION_KEYS", "has_sessions", "start_sessions", "trace_block_hashes
 
 def trace_block_hashes(trace: Trace, config: EngineConfig) -> np.ndarray:
     """The engine-block hashes of ``trace``'s requests from its block ids
-    (:func:`cbgym.engine.prefix_cache.block_hashes`)."""
+    (:func:`cbgym.engine.prefix_hashes.block_hashes`)."""
     assert config.block_size is not None
     ids = trace.extra["hash_ids"]
     tokens = trace.extra.get("hash_block_tokens")
