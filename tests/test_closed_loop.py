@@ -134,6 +134,31 @@ def test_a_turn_shed_by_the_policy_sends_the_next_before_time_jumps() -> None:
     assert e.req.arrival_s[1] == 0.5 and e.req.first_scheduled_s[1] == 0.5
 
 
+def test_an_idle_iteration_after_a_shed_turn_lets_time_pass_once() -> None:
+    """Found in review: with another request held back, an idle iteration that stopped to
+    send a shed turn's successor asked the policy again at the same instant."""
+    # session 0's turn 0 is shed by the policy at t = 0; request 1 (another session) is held
+    # back until t >= 3; the successor (request 2) thinks for 2 s. The policy is never asked
+    # twice at one instant about the same queue, and the successor arrives at 2.0
+    tr = sessions([(0, 10, 3, 0, 0, 0.0), (0, 10, 1, 1, 0, 0.0), (1, 20, 2, 0, 1, 2.0)])
+    e = Engine(tr, CFG)
+    asked = []
+    while (dp := e.next_decision()) is not None:
+        asked.append((dp.now, tuple(dp.waiting.tolist())))
+        if dp.now == 0.0 and 0 in dp.waiting:
+            e.decide(Decision(shed=np.array([0]), order=np.array([], np.int64)))
+        elif dp.now < 3.0:
+            e.decide(Decision(order=np.array([w for w in dp.waiting if w != 1], np.int64)))
+        else:
+            e.decide(Decision())
+    # after the shed at t = 0 the idle iteration lets time pass before the policy is asked
+    # again (it was asked again at t = 0, about the request it had just held back)
+    assert asked[0] == (0.0, (0, 1)) and asked[1][0] > 0.0, asked[:3]
+    assert all(b[0] > a[0] for a, b in zip(asked, asked[1:], strict=False)), asked
+    assert e.req.arrival_s[2] == 2.0 and e.req.status[0] == Status.SHED
+    assert (e.req.status[1:] == Status.FINISHED).all()
+
+
 def test_a_turn_shed_on_arrival_sends_the_next_at_once() -> None:
     """Found in review: a next turn due at once waited one iteration per shed link."""
     # another request runs; the session's first turn never fits (shed at arrival 2), its

@@ -6,7 +6,7 @@ import numpy as np
 
 from cbgym.engine import gaps
 from cbgym.engine.jit import no_alloc_kernel
-from cbgym.engine.kutil import end, keep_status, named, release_as, report, send_turns
+from cbgym.engine.kutil import end, keep_status, named, release_as, report
 from cbgym.engine.layout import (
     ARRIVAL,
     AT_DECISION,
@@ -62,6 +62,7 @@ from cbgym.engine.layout import (
     SWAP_BYTES,
     TOKENS,
     TOO_MANY_IDLE_TICKS,
+    TURNS_IDLE,
     TURNS_N,
     UNTIL,
     WAIT_Q,
@@ -180,11 +181,8 @@ def idle(s: State) -> int:
     si[IDLED] = 1
     if si[OUTBOX_N] > 0:
         return AT_DECISION  # a transfer starts now: its cluster moves before time does
-    if si[TURNS_N]:  # a turn shed this iteration: its session's next one is sent first
-        send_turns(s)
-        nxt = si[NEXT_ARRIVAL]
-        if nxt < si[INBOX_N] and arrival[inbox[nxt]] <= sf[NOW]:
-            return AT_DECISION  # due now: no time passes
+    if si[TURNS_N]:  # a turn shed this iteration: its session's next one is sent before
+        return TURNS_IDLE  # time passes (by the caller; then idle_after_turns)
     if sf[UNTIL] < np.inf and (remote_blocked(s) or s_keyed(s)):
         # a cluster's instance with nothing it can do (its policy is decided here, or it
         # waits on KV): nothing changes before its cluster's next event or its next
@@ -204,6 +202,16 @@ def idle(s: State) -> int:
             return TOO_MANY_IDLE_TICKS
     sf[NOW] = min(t, sf[UNTIL])  # the horizon is later than now: an iteration started
     return AT_DECISION
+
+
+@no_alloc_kernel
+def idle_after_turns(s: State) -> int:
+    """:func:`idle`'s rest once the turns it stopped for (``TURNS_IDLE``) are sent: no time
+    passes if one is due now; else as idle (AT_DECISION: advance on)."""
+    nxt = s.si[NEXT_ARRIVAL]
+    if nxt < s.si[INBOX_N] and s.times[ARRIVAL, s.ids[INBOX, nxt]] <= s.sf[NOW]:
+        return AT_DECISION
+    return idle(s)
 
 
 @no_alloc_kernel

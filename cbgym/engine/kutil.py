@@ -41,17 +41,27 @@ from cbgym.engine.layout import (
 
 @no_alloc_kernel
 def grow_to(s: State, block_size: int, rid: int, num_tokens: int) -> bool:
-    """Make ``rid`` hold enough blocks for ``num_tokens``; False if memory is short."""
+    """Make ``rid`` hold enough blocks for ``num_tokens``; False if memory is short. Blocks
+    counted, not named: with prefix caching, :func:`grow_named` (a caller that may take
+    named blocks says so; the named path reachable from every admission slowed every run)."""
     held = s.req[HELD]
     need = -(-num_tokens // block_size) - held[rid]
     if need > s.si[FREE]:
         return False
     if need > 0:
-        if named(s):
-            pc.take(s, rid, need)
-        else:
-            held[rid] += need
-            s.si[FREE] -= need
+        held[rid] += need
+        s.si[FREE] -= need
+    return True
+
+
+@no_alloc_kernel
+def grow_named(s: State, block_size: int, rid: int, num_tokens: int) -> bool:
+    """:func:`grow_to` on a named pool (prefix caching): new blocks taken by name."""
+    need = -(-num_tokens // block_size) - s.req[HELD, rid]
+    if need > s.si[FREE]:
+        return False
+    if need > 0:
+        pc.take(s, rid, need)
     return True
 
 

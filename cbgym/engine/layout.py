@@ -65,8 +65,13 @@ NUM_SF = 3
 # request status (cbgym.engine.Status)
 PENDING, WAITING, RUNNING, FINISHED, SHED = _codes(5)
 # what a kernel call stopped at (AT_HORIZON: the clock reached sf[UNTIL], or the instance
-# has outbox events for its cluster)
-AT_DECISION, DRAINED, NEED_ROOM, TOO_MANY_IDLE_TICKS, AT_HORIZON = _codes(5)
+# has outbox events for its cluster; TURNS_DUE: closed-loop sessions have next turns to send,
+# before the next admission: the caller sends them (kutil.send_turns) and advances on;
+# TURNS_IDLE: the same from an idle iteration, which then lets time pass unless a turn is
+# due now (execute.idle_after_turns). A stop, not a call in the loop: the send's code
+# reachable from every iteration's admission slowed every run by about 10%)
+AT_DECISION, DRAINED, NEED_ROOM, TOO_MANY_IDLE_TICKS, AT_HORIZON, TURNS_DUE, TURNS_IDLE = (
+    _codes(7))
 # KEEP_KV values: a prefill instance's request keeps its blocks after it ends (BULK); with a
 # pipelined link it also reports each prompt chunk it computes (PIPELINED)
 BULK, PIPELINED = np.int64(1), np.int64(2)

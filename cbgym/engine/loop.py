@@ -51,6 +51,8 @@ from cbgym.engine.layout import (
     STAND_VICTIMS,
     STRETCH,
     SWAP_BYTES,
+    TURNS_DUE,
+    TURNS_N,
     UNTIL,
     VICT_HAS,
     VICT_N,
@@ -100,7 +102,11 @@ def advance(s: State, p: Params) -> int:
     while True:
         if s.sf[NOW] >= s.sf[UNTIL] or si[OUTBOX_N] > 0:
             return AT_HORIZON  # a cluster's instance: its cluster moves first
+        if si[TURNS_N]:
+            return TURNS_DUE  # sessions' next turns are sent first (by the caller)
         admit_arrivals(s, p)
+        if si[TURNS_N]:
+            return TURNS_DUE  # a turn shed on arrival: its next one may be due now
         if si[N_RUN] == 0 and si[N_WAIT] == 0:
             if si[NEXT_ARRIVAL] >= si[INBOX_N]:
                 si[SHORTFALL] = 0

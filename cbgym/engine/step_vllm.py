@@ -15,7 +15,15 @@ import numpy as np
 
 from cbgym.engine import prefix_cache as pc
 from cbgym.engine.jit import no_alloc_kernel
-from cbgym.engine.kutil import copy_ids, grow_to, keep_status, remove, report, sort_by_key
+from cbgym.engine.kutil import (
+    copy_ids,
+    grow_named,
+    grow_to,
+    keep_status,
+    remove,
+    report,
+    sort_by_key,
+)
 from cbgym.engine.layout import (
     BLOCK_SIZE,
     BUDGET,
@@ -71,7 +79,7 @@ from cbgym.engine.layout import (
     Params,
     State,
 )
-from cbgym.engine.step_prefix import name_running, take_cached
+from cbgym.engine.step_prefix import name_running, receive_cached, take_cached
 from cbgym.engine.transitions import preempt, shed, start
 
 
@@ -168,7 +176,8 @@ def schedule_running_slow(s: State, p: Params, budget: int) -> tuple[int, int, b
             shed(s, rid, R_KV_EXCEEDED)  # could never run, even alone
             continue
         scheduled = True
-        while not grow_to(s, bs, rid, computed[rid] + tok):
+        while not (grow_named(s, bs, rid, computed[rid] + tok) if p.ci[PREFIX]
+                   else grow_to(s, bs, rid, computed[rid] + tok)):
             victim = running[si[N_RUN] - 1]  # vLLM's default
             if p.ci[VICTIM_BY_KEY]:
                 victim = largest_key(running, si[N_RUN], s.times[KEY])
@@ -286,12 +295,12 @@ def admit(s: State, p: Params, m: int, budget: int) -> int:
         if remote[rid] == REMOTE_PENDING or (stalled and remote[rid] != REMOTE_READY):
             continue  # its KV is in flight: skipped, kept in place
         if remote[rid] == REMOTE_NEW:
-            if blocks > si[FREE]:
+            if not (receive_cached(s, rid, total, bs) if ci[PREFIX]
+                    else grow_to(s, bs, rid, total)):
                 if stalled_here(s):
                     stalled = True
                     continue
                 break
-            grow_to(s, bs, rid, total)
             remote[rid] = REMOTE_PENDING
             report(s, rid)  # the transfer starts now
             continue

@@ -17,10 +17,8 @@ from __future__ import annotations
 import numpy as np
 
 from cbgym.engine import gaps
-from cbgym.engine import prefix_cache as pc
 from cbgym.engine.execute import add_gap, finished, record
 from cbgym.engine.jit import no_alloc_kernel
-from cbgym.engine.kutil import keep_status
 from cbgym.engine.layout import (
     ARRIVAL,
     BLOCK_SIZE,
@@ -70,12 +68,10 @@ from cbgym.engine.layout import (
     REMOTE_PENDING,
     REMOTE_READY,
     RUN_Q,
-    RUNNING,
-    SCRATCH,
     SHORTFALL,
-    STATUS,
     SWAP_BYTES,
     TOKENS,
+    TURNS_N,
     UNTIL,
     Params,
     State,
@@ -95,8 +91,6 @@ def head_blocked(s: State, p: Params, need: int) -> bool:
         return True
     if si[N_RUN] >= ci[MAX_SEQS]:
         return True
-    if ci[PREFIX]:
-        return False  # cache hits may let it in with fewer blocks: not provably blocked
     k = admission_candidates(s)
     order, remote = s.ids[ORDER], s.req[REMOTE]
     first = 0
@@ -134,53 +128,16 @@ def end_segment(s: State, p: Params, free: int, t: float, begin: float, steps: i
 
 
 @no_alloc_kernel
-def name_blocks(s: State, n: int, steps: int, bs: int) -> None:
-    """The named blocks a stretch of ``steps`` decode steps took, in the order plain
-    iteration takes them: step by step, in running order, each request as its last block
-    fills (those with r free slots at steps r, r + bs, ...). Before the requests' counts
-    move."""
-    running, computed, order = s.ids[RUN_Q], s.req[COMPUTED], s.ids[SCRATCH]
-    start = s.slots  # requests by free slots, then where each class starts in ``order``
-    for r in range(bs):
-        start[r] = 0
-    for i in range(n):
-        start[(-computed[running[i]]) % bs] += 1
-    total = np.int64(0)
-    for r in range(bs):
-        total, start[r] = total + start[r], total
-    for i in range(n):
-        r = (-computed[running[i]]) % bs
-        order[start[r]] = running[i]
-        start[r] += 1  # (now where class r ends)
-    for t in range(steps):
-        r = t % bs
-        for j in range(start[r - 1] if r else 0, start[r]):
-            s.si[FREE] += 1  # (the stretch counted it off already; take counts it again)
-            pc.take(s, order[j], 1)
-
-
-@no_alloc_kernel
-def named_end(s: State, p: Params, n: int, last: bool) -> None:
-    """A stretch's end with named blocks: register the blocks its tokens filled, then (at
-    its last step) free the finished, in running order as vLLM does; ``si[N_RUN]`` set."""
-    running, bs = s.ids[RUN_Q], p.ci[BLOCK_SIZE]
-    for i in range(n):
-        pc.cache_full(s, running[i], s.req[COMPUTED, running[i]], bs)
-    s.si[N_RUN] = n
-    if last:
-        for i in range(n):
-            finished(s, p, running[i], True)
-        s.si[N_RUN] = keep_status(running, n, s.req[STATUS], RUNNING)
-
-
-@no_alloc_kernel
 def decode_stretch(s: State, p: Params) -> bool:
     """Run a stretch of at least two decode-only iterations if one starts now (the running
-    plan is current and nothing needs deciding); False, doing nothing, otherwise."""
+    plan is current and nothing needs deciding); False, doing nothing, otherwise. Never with
+    named blocks (prefix caching: the engine turns stretches off)."""
     si, ci, sf = s.si, p.ci, s.sf
     n = si[N_RUN]
     if ci[RECORD] or not si[PLAN_DECODING] or n > ci[BUDGET] or si[SHORTFALL] > 0:
         return False
+    if ci[PREFIX]:
+        return False  # (named blocks: the engine turns stretches off; never run one here)
     if si[N_WAIT] > 0 and (ci[CONSULT] >= EVERY_ITERATION
                            or not head_blocked(s, p, si[PLAN_TOTAL])):
         return False
@@ -230,6 +187,8 @@ def decode_stretch(s: State, p: Params) -> bool:
             if si[REC_N] >= len(s.rec):
                 break  # the time-series buffer is full: the loop empties it first
             admit_arrivals(s, p)
+            if si[TURNS_N]:
+                break  # a turn shed on arrival: its session's next one is sent first
             nxt = si[NEXT_ARRIVAL]
             next_at = arrival[inbox[nxt]] if nxt < si[INBOX_N] else np.inf
             if keyed and si[CHANGED]:
@@ -253,9 +212,6 @@ def decode_stretch(s: State, p: Params) -> bool:
         return False
     held = s.req[HELD]
     last = steps == k  # somebody finishes (or reaches max_model_len) at the last step
-    named = ci[PREFIX] != 0
-    if named:
-        name_blocks(s, n, steps, bs)
     m = 0  # the running queue, compacted in place as requests finish
     last_token, gap_min = s.times[LAST_TOKEN], s.times[GAP_MIN]
     # the first step's end, as the loop summed it (a request whose last token came before
@@ -280,17 +236,12 @@ def decode_stretch(s: State, p: Params) -> bool:
                     break
                 add_gap(s, rid, buf[j])
         last_token[rid] = t
-        if not named and not ci[PAPER]:  # a decoding request holds exactly the blocks its
-            held[rid] = -(-computed[rid] // bs)  # tokens need
-        # (named blocks are registered and freed after the loop: the named path inlined
-        # here slowed every run measurably)
-        if last and not named and finished(s, p, rid, False):
+        if not ci[PAPER]:  # a decoding request holds exactly the blocks its tokens need
+            held[rid] = -(-computed[rid] // bs)
+        if last and finished(s, p, rid, False):
             continue
         running[m] = rid
         m += 1
-    if named:
-        named_end(s, p, n, last)
-        m = si[N_RUN]
     si[N_RUN] = m
     if m < n and ci[CONSULT] == ON_COMPLETION:
         si[CHANGED] = 1

@@ -7,7 +7,7 @@ import math
 import numpy as np
 
 from cbgym.engine.jit import no_alloc_kernel
-from cbgym.engine.kutil import end, release, remove, report, send_turns
+from cbgym.engine.kutil import end, release, remove, report
 from cbgym.engine.layout import (
     ARRIVAL,
     BLOCK_SIZE,
@@ -51,7 +51,6 @@ from cbgym.engine.layout import (
     SWAP,
     SWAP_BYTES,
     TOTAL_PREEMPT,
-    TURNS_N,
     WAIT_Q,
     WAITING,
     Params,
@@ -63,18 +62,8 @@ from cbgym.engine.layout import (
 def admit_arrivals(s: State, p: Params) -> None:
     """Move every request in the inbox that has arrived by now into the waiting queue, or
     shed it at once with the reason it can never be served by this engine."""
-    si, ci, now = s.si, p.ci, s.sf[NOW]
-    if si[TURNS_N]:
-        send_turns(s)
-    bs = ci[BLOCK_SIZE]
-    j = si[NEXT_ARRIVAL]
-    while True:
-        j = admit_due(s, p, j, now, bs)
-        si[NEXT_ARRIVAL] = j
-        if not si[TURNS_N]:
-            return
-        send_turns(s)  # a session whose turn was shed on arrival sends its next one (due
-        # now if it thinks for no time)
+    # (closed-loop sessions' next turns were sent before: layout.TURNS_DUE)
+    s.si[NEXT_ARRIVAL] = admit_due(s, p, s.si[NEXT_ARRIVAL], s.sf[NOW], p.ci[BLOCK_SIZE])
 
 
 @no_alloc_kernel
