@@ -77,14 +77,21 @@ def test_bad_actions_and_arguments_raise() -> None:
             ClusterEnv(**{**SMALL, **kwargs})
 
 
-def test_the_router_sees_what_the_env_shows() -> None:
+CACHED = {"cluster": cbgym.ClusterConfig.preset("3x:llama-2-7b/a100-80gb").with_prefix_caching(),
+          "trace": "synthetic-sessions", "episode_requests": 60}
+
+
+@pytest.mark.parametrize("kw", [SMALL, CACHED], ids=["disaggregated", "prefix-caching"])
+def test_the_router_sees_what_the_env_shows(kw: dict) -> None:
     """Replaying an episode's actions through ``serve``, a recording router sees the same
-    observation, step for step (the one encoder)."""
+    observation, step for step (the one encoder); with prefix caching, each instance's
+    cache columns are the routing point's cached tokens."""
     from cbgym.cluster.routing import Router
     from cbgym.cluster.run import serve
     from cbgym.env.cluster_env import encode
+    from cbgym.env.cluster_vector_ops import INSTANCE_FEATURES, count_scaled
 
-    env = ClusterEnv(**SMALL, load=1.2)
+    env = ClusterEnv(**kw, load=1.2)
     obs, info = env.reset(seed=2)
     rng = np.random.default_rng(2)
     shown, actions, done = [obs], [], False
@@ -98,16 +105,28 @@ def test_the_router_sees_what_the_env_shows() -> None:
         name = "replay"
 
         def reset(self, ctx):  # type: ignore[no-untyped-def]
-            self.k, self.seen = 0, []
+            self.k, self.seen, self.cached = 0, [], []
 
         def route(self, rp):  # type: ignore[no-untyped-def]
-            self.seen.append(encode(rp))
+            self.seen.append(encode(rp, env.prefix))
+            if env.prefix:
+                self.cached.append(rp.cached_tokens / rp.prompt_tokens)
+                np.testing.assert_allclose(self.seen[-1]["instances"][:, F],
+                                           [count_scaled(c) for c in rp.cached_tokens],
+                                           rtol=1e-6)
             self.k += 1
             return env.routes[actions[self.k - 1]]
 
+    F = len(INSTANCE_FEATURES)
+    assert obs["instances"].shape[1] == F + 3 * env.prefix
     rt = Replay()
     serve(env.cluster.trace, env.config, rt, slo=env.slo)  # type: ignore[union-attr]
     assert len(rt.seen) == len(actions)
+    if env.prefix:  # (sessions' later turns find their prefix on some instance)
+        share = np.array(rt.cached)
+        assert share.max() > 0.5
+        np.testing.assert_allclose(np.stack([o["instances"][:, F + 1] for o in shown[:-1]]),
+                                   share, rtol=1e-6)
     for a, b in zip(rt.seen, shown[:-1], strict=True):
         for key in a:
             np.testing.assert_array_equal(a[key], b[key])
@@ -149,14 +168,16 @@ def test_cluster_task_ids_and_evaluation() -> None:
     assert np.isfinite(ev.score().mean)
 
 
-def test_a_learned_router_acts_as_on_the_env() -> None:
+@pytest.mark.parametrize("kw", [SMALL, CACHED], ids=["disaggregated", "prefix-caching"])
+def test_a_learned_router_acts_as_on_the_env(kw: dict) -> None:
     """The router's deterministic routes through ``serve`` equal the env episode played with
-    the model's deterministic actions (one encoder, one route table)."""
+    the model's deterministic actions (one encoder, one route table; with prefix caching
+    the model reads the cache columns)."""
     sb3 = pytest.importorskip("sb3_contrib")
     from cbgym.agents.routing.learned import LearnedRouter
     from cbgym.cluster.run import serve
 
-    env = ClusterEnv(**SMALL, load=0.8)
+    env = ClusterEnv(**kw, load=0.8)
     model = sb3.MaskablePPO("MultiInputPolicy", env, n_steps=64, batch_size=32, seed=0)
     model.learn(64)
     obs, info = env.reset(seed=5)

@@ -35,6 +35,11 @@ DISAGG = {"cluster": "2p2d:llama-2-7b/a100-80gb", "episode_requests": 64, "load"
 UNIFIED = {"cluster": "2x:llama-2-7b/a100-80gb", "episode_requests": 64, "load": (1.0, 2.5),
            "capacity_rps": 19.0}
 
+# prefix caching on every replica, multi-turn sessions (block ids): each instance's cache is
+# probed in the kernel for the observation's cache columns
+CACHED = {**UNIFIED, "cluster": ClusterConfig.preset("2x:llama-2-7b/a100-80gb")
+          .with_prefix_caching(), "trace": "synthetic-sessions"}
+
 
 def same(a: Any, b: Any, where: str = "") -> None:
     """Equal values, types, dtypes and shapes, through tuples, dicts and object arrays."""
@@ -121,7 +126,7 @@ def test_gymnasium_vector_wrappers_apply() -> None:
 
 
 @pytest.mark.parametrize(("n", "kw", "seed"), [(1, DISAGG, 0), (3, DISAGG, 1), (3, UNIFIED, 2),
-                                               (1, UNIFIED, 3)])
+                                               (1, UNIFIED, 3), (3, CACHED, 4)])
 def test_env_i_is_cluster_env_seeded_s_plus_i(n: int, kw: dict, seed: int) -> None:
     native, sync = pair(n, kw)
     assert play(native, sync, seed, 150) >= n  # across autoresets

@@ -316,7 +316,8 @@ class Cluster:
             waited_s=0.0, ttft_target_s=float(self.ttft[rid]),
             tpot_target_s=float(self.tpot[rid]), role=self.role, loads=loads,
             config=self.config, cached_tokens=self.cached_on_each(rid)
-            if self.engines[0].prefix_caching else None)
+            if self.engines[0].prefix_caching else None,
+            routed_since_report=self.C.inst[K.ROUTED].copy())
 
     def cached_on_each(self, rid: int) -> np.ndarray:
         """The tokens of ``rid``'s prompt each instance's prefix cache holds now (at most

@@ -129,10 +129,10 @@ class ClusterConfig:
         if len(caching) > 1:
             raise ValueError("ClusterConfig: enable_prefix_caching must be the same on every "
                              "pool (with_prefix_caching() turns it on for all)")
-        if caching == {True} and self.disaggregated:
-            raise ValueError("ClusterConfig: prefix caching on prefill/decode pools is not "
-                             "modelled yet (which blocks a transfer would skip); use unified "
-                             "replicas ('Nx:MODEL/GPU')")
+        if caching == {True} and self.disaggregated and self.link.mode != "bulk":
+            raise ValueError("ClusterConfig: prefix caching on prefill/decode pools needs "
+                             f"link mode 'bulk' (got {self.link.mode!r}: which chunks a "
+                             "pipelined transfer would skip is not modelled)")
         if not isinstance(self.link, LinkConfig):
             raise TypeError("ClusterConfig.link: expected a LinkConfig")
         r = self.load_report_interval_s

@@ -175,7 +175,7 @@ def edge_settings(ci: np.ndarray, cf: np.ndarray, n: int,
     ci[K.N_ORIG] = n
     ci[K.EDGE] = admission is not None or client is not None
     ci[K.MAX_WAIT] = ci[K.MAX_FLIGHT] = -1
-    cf[K.TTL] = cf[K.TIMEOUT] = np.inf
+    cf[K.TTL] = cf[K.CLIENT_TIMEOUT] = np.inf
     if admission is not None:
         if admission.max_waiting is not None:
             ci[K.MAX_WAIT] = admission.max_waiting
@@ -191,7 +191,7 @@ def edge_settings(ci: np.ndarray, cf: np.ndarray, n: int,
         ci[K.ABORT] = client.on_abandon == "abort"
         ci[K.ON_FINISH] = client.timeout_on == "completion"
         if client.timeout_s is not None:
-            cf[K.TIMEOUT] = client.timeout_s
+            cf[K.CLIENT_TIMEOUT] = client.timeout_s
         cf[K.B_BASE], cf[K.B_MULT] = client.backoff_base_s, client.backoff_multiplier
         cf[K.B_CAP], cf[K.JITTER] = client.backoff_cap_s, client.jitter
 

@@ -26,6 +26,7 @@ from cbgym.cluster.state import (
     B_MULT,
     CAP_SCOPE,
     CLIENT_END,
+    CLIENT_TIMEOUT,
     DECODE,
     DECODE_I,
     DROPPED,
@@ -52,7 +53,7 @@ from cbgym.cluster.state import (
     RETRY_MASK,
     ROLE,
     ROUTED_N,
-    TIMEOUT,
+    TIMEOUT,  # (the event kind; the client's seconds are CLIENT_TIMEOUT)
     TTL,
     ClusterState,
     instance,
@@ -120,8 +121,8 @@ def placed(C: ClusterState, rid: int, t: float) -> None:
     C.si[ROUTED_N] += 1
     if C.cf[TTL] < np.inf:
         push(C, t + C.cf[TTL], EXPIRE, rid, 0)
-    if C.cf[TIMEOUT] < np.inf:
-        push(C, t + C.cf[TIMEOUT], TIMEOUT, rid, 0)
+    if C.cf[CLIENT_TIMEOUT] < np.inf:
+        push(C, t + C.cf[CLIENT_TIMEOUT], TIMEOUT, rid, 0)
 
 
 # ------------------------------------------------------------------ the server's side

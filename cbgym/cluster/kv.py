@@ -103,8 +103,11 @@ def prefill_shed(C: ClusterState, S: State, rid: int, t: float) -> None:
 # ------------------------------------------------------------------ from D
 @no_alloc_kernel
 def allocated_on_decode(C: ClusterState, S: State, rid: int, t: float) -> None:
-    """D holds blocks for ``rid``'s prompt: what P has computed moves now."""
+    """D holds blocks for ``rid``'s prompt: what P has computed moves now, less what D's own
+    prefix cache held (bulk: vLLM's NIXL connector pulls only the tokens D lacks)."""
     C.req[ALLOCATED, rid] = 1
+    if not C.ci[PIPELINED]:  # (prefix caching is bulk-only: ClusterConfig)
+        C.req[SENT, rid] = S.req[C.req[DECODE_I, rid], L.CACHED, rid]
     send(C, S, rid, t)
 
 
@@ -169,12 +172,14 @@ def landed(C: ClusterState, S: State, tid: int, t: float) -> None:
         p = r[PREFILL_I, rid]
         held, free = S.req[p, L.HELD, rid], S.si[p, L.FREE]
         free_prefill(C, S, rid)
-        assert S.req[p, L.HELD, rid] == 0 and S.si[p, L.FREE] == free + held, "audit: landing"
+        # (a named block another request on P holds stays taken)
+        assert S.req[p, L.HELD, rid] == 0 and (S.si[p, L.FREE] == free + held or (
+            S.blocks.shape[2] > 1 and free <= S.si[p, L.FREE] <= free + held)), "audit: landing"
         assert S.req[d, L.HELD, rid] == -(-C.prompt[rid] // C.inst[BLOCK, d]), "audit: D kept"
         C.si[LANDS] += 1
     else:
         free_prefill(C, S, rid)
-    handoff.kv_landed(instance(S, d), rid)
+    handoff.kv_landed(instance(S, d), rid, C.inst[BLOCK, d])
     C.inst[ACTIVE, d] = 1
 
 

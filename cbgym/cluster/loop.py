@@ -59,18 +59,21 @@ from cbgym.cluster.state import (
     P_SHED,
     PIPELINED,
     PREFILL_I,
+    PROBE,
     READS_LOADS,
     REPORT_S,
     REPORTS,
     RETRY,
     ROLE,
     ROUTE_RID,
+    ROUTED,
     ROUTER,
     SENT_S,
     STOPPED,
     ClusterState,
     instance,
     params_at,
+    probe_each,
 )
 from cbgym.engine import handoff
 from cbgym.engine import layout as L
@@ -144,6 +147,10 @@ def place(C: ClusterState, S: State, rid: int, t: float, prefill: int, decode: i
     prefilled on ``prefill`` with its KV sent to ``decode``. The route was checked."""
     C.req[DECODE_I, rid] = decode
     out = C.output[rid]
+    if C.cf[INTERVAL] > 0:
+        C.inst[ROUTED, decode] += 1
+        if prefill >= 0:
+            C.inst[ROUTED, prefill] += 1
     if prefill < 0:
         C.req[DEFLECTED, rid] = C.inst[ROLE, decode] == DECODE
         C.req[CAP, rid] = cap
@@ -168,8 +175,10 @@ def route_here(C: ClusterState, S: State, P: Params, rid: int, t: float) -> bool
         loads = C.live
     C.si[COUNT] += 1
     out = C.route
-    ok = ro.route_rule(C.ci[ROUTER], C.cf, C.inst, P.cost, loads, C.prompt[rid], C.ttft[rid],
-                       C.tpot[rid], C.si[COUNT], out)
+    if P.ci[0, L.PREFIX]:  # each instance's cache, now (zeros stay without caching)
+        probe_each(S, rid, P.ci[0, L.BLOCK_SIZE], C.inst[PROBE])
+    ok = ro.route_rule(C.ci[ROUTER], C.cf, C.inst, P.cost, loads, C.prompt[rid],
+                       C.inst[PROBE], C.ttft[rid], C.tpot[rid], C.si[COUNT], out)
     target = out[1] if out[0] < 0 else out[0]
     if not ok or (out[2] > 0 and not C.inst[CHUNKED, target]):
         C.si[BAD] = target
@@ -232,6 +241,7 @@ def handle(C: ClusterState, S: State, P: Params, t: float, t_link: float,
             edge_ops.on_timeout(C, S, rid, t)
     else:
         take_loads(C, S, P, C.loads)
+        C.inst[ROUTED] = 0
         C.sf[REPORT_S] = t
         C.si[HAVE_REPORT] = 1
         C.si[REPORTS] += 1

@@ -129,16 +129,17 @@ def prefill_seconds(kind: int, coef: np.ndarray, budget: int, total: int) -> flo
 
 @no_alloc_kernel
 def decode_ttft(kind: int, coef: np.ndarray, budget: int, b: int, ctx: int, prompt: int,
-                tbt: float, bound: float) -> tuple[float, int]:
+                tbt: float, bound: float, cached: int = 0) -> tuple[float, int]:
     """(TTFT_D, chunk cap) by LargestSafe on a decode instance with ``b`` decodes over
-    ``ctx`` tokens; (inf, 0) if no safe chunk or once the sum passes ``bound``. A candidate
-    that failed uncut stays failed (its step only grows with the context done), except for
-    a table model fitted with a negative ``kv_token_s``."""
+    ``ctx`` tokens, the prompt's first ``cached`` tokens in its prefix cache (computed:
+    the walk starts after them); (inf, 0) if no safe chunk or once the sum passes ``bound``.
+    A candidate that failed uncut stays failed (its step only grows with the context done),
+    except for a table model fitted with a negative ``kv_token_s``."""
     limit = budget - b  # vLLM schedules the running decodes first
     if limit <= 0:
         return np.inf, 0
     restart = kind == TABLE and coef[3] < 0
-    total, done, cap, i = 0.0, 0, 0, 0
+    total, done, cap, i = 0.0, cached, 0, 0
     largest = min(CHUNKS[0], limit)
     while done < prompt:
         left, q, t = prompt - done, 0, np.inf
@@ -166,60 +167,75 @@ def decode_ttft(kind: int, coef: np.ndarray, budget: int, b: int, ctx: int, prom
 
 
 @no_alloc_kernel
-def kairos_ok(inst: np.ndarray, loads: np.ndarray, d: int, prompt: int) -> bool:
+def kairos_ok(inst: np.ndarray, loads: np.ndarray, d: int, prompt: int, cached: int = 0
+              ) -> bool:
     """Kairos may consider decode instance d: no deflected prefill in flight, free blocks
-    for the whole prompt and a free sequence slot."""
-    blocks = -(-prompt // inst[BLOCK, d])
+    for the prompt (less its ``cached`` tokens there: optimistic where cached blocks nobody
+    holds are counted free too) and a free sequence slot."""
+    blocks = -(-(prompt - cached) // inst[BLOCK, d])
     return (loads[LOCAL_P, d] == 0 and loads[FREE_B, d] >= blocks
             and loads[R_N, d] < inst[SEQS, d])
 
 
 @no_alloc_kernel
 def prefill_estimate(code: int, cf: np.ndarray, inst: np.ndarray, coefs: np.ndarray,
-                     loads: np.ndarray, p: int, prompt: int) -> float:
-    """TTFT_P of prefill instance p (``kairos-transfer``: with its KV transfer)."""
+                     loads: np.ndarray, p: int, prompt: int, cached: int = 0,
+                     sent: int = -1) -> float:
+    """TTFT_P of prefill instance p, whose prefix cache holds ``cached`` of the prompt's
+    tokens (``kairos-transfer``: with its KV transfer, ``sent`` tokens, the prompt by
+    default: the decode instance's cache may hold the rest)."""
     backlog = np.int64(prefill_work(loads, p))
-    t = prefill_seconds(inst[COST_KIND, p], coefs[p], inst[BUDGET, p], backlog + prompt)
+    t = prefill_seconds(inst[COST_KIND, p], coefs[p], inst[BUDGET, p],
+                        backlog + prompt - cached)
     if code == KAIROS_TRANSFER:
-        t += cf[SETUP] + prompt * float(inst[KV_BYTES, p]) / cf[NIC]
+        t += cf[SETUP] + (prompt if sent < 0 else sent) * float(inst[KV_BYTES, p]) / cf[NIC]
     return t
 
 
 @no_alloc_kernel
 def kairos(code: int, cf: np.ndarray, inst: np.ndarray, coefs: np.ndarray,
-           loads: np.ndarray, prompt: int, ttft_target: float, tpot_target: float,
-           out: np.ndarray) -> None:
+           loads: np.ndarray, prompt: int, cached: np.ndarray, ttft_target: float,
+           tpot_target: float, out: np.ndarray) -> None:
+    """Kairos's decision (``cbgym.agents.routing.kairos``), on the tokens each instance's
+    prefix cache leaves to compute (``cached``; zeros without caching) and, disaggregated,
+    those the decode instance lacks."""
+    d_pick = pick(LEAST_OUTSTANDING, inst, loads, DECODE, 0)
+    sent = prompt - cached[d_pick] if d_pick >= 0 else prompt
     best_p, ttft_p = -1, np.inf
     for p in range(inst.shape[1]):
         if inst[ROLE, p] == PREFILL:
-            t = prefill_estimate(code, cf, inst, coefs, loads, p, prompt)
+            t = prefill_estimate(code, cf, inst, coefs, loads, p, prompt, cached[p], sent)
             if t < ttft_p or best_p < 0:  # (argmin's: the first one if none is finite)
                 best_p, ttft_p = p, t
     bound = min(cf[ALPHA] * ttft_p, ttft_target)
     best, best_d, best_cap = np.inf, -1, 0
     tbt = cf[BETA] * tpot_target
     for d in range(inst.shape[1]):
-        if inst[ROLE, d] != DECODE or not kairos_ok(inst, loads, d, prompt):
+        if inst[ROLE, d] != DECODE or not kairos_ok(inst, loads, d, prompt, cached[d]):
             continue
         t, cap = decode_ttft(inst[COST_KIND, d], coefs[d], inst[BUDGET, d],
                              np.int64(loads[D_BATCH, d]), np.int64(loads[D_CTX, d]), prompt,
-                             tbt, min(bound, best))
+                             tbt, min(bound, best), cached[d])
         if t < best:
             best, best_d, best_cap = t, d, cap
     if best_d >= 0:  # the walk returned a sum within bound: both tests hold
         out[0], out[1], out[2] = -1, best_d, best_cap
     else:
-        out[0], out[1], out[2] = best_p, pick(LEAST_OUTSTANDING, inst, loads, DECODE, 0), 0
+        out[0], out[1], out[2] = best_p, d_pick, 0
 
 
 @no_alloc_kernel
 def route_rule(code: int, cf: np.ndarray, inst: np.ndarray, coefs: np.ndarray,
-               loads: np.ndarray, prompt: int, ttft_target: float, tpot_target: float,
-               count: int, out: np.ndarray) -> bool:
-    """Rule ``code``'s route for a request of ``prompt`` tokens (``count``: routes so far,
-    this one included) into ``out``; False if the cluster has no pool the rule needs."""
+               loads: np.ndarray, prompt: int, cached: np.ndarray, ttft_target: float,
+               tpot_target: float, count: int, out: np.ndarray) -> bool:
+    """Rule ``code``'s route for a request of ``prompt`` tokens, ``cached[i]`` of them in
+    instance i's prefix cache (``count``: routes so far, this one included) into ``out``;
+    False if the cluster has no pool the rule needs. The disaggregation rules decide on the
+    prompt the decode instance would prefill itself: what its cache leaves (Dynamo's
+    ``prefill_length - prefix_hit_length`` on the decode worker, llm-d's non-cached suffix
+    on the decode pod)."""
     if code == KAIROS or code == KAIROS_TRANSFER:
-        kairos(code, cf, inst, coefs, loads, prompt, ttft_target, tpot_target, out)
+        kairos(code, cf, inst, coefs, loads, prompt, cached, ttft_target, tpot_target, out)
     elif code <= JSQ_TOKENS:
         if pool_size(inst, UNIFIED) > 0:
             out[0], out[1] = -1, pick(code, inst, loads, UNIFIED, count)
@@ -229,13 +245,14 @@ def route_rule(code: int, cf: np.ndarray, inst: np.ndarray, coefs: np.ndarray,
         out[2] = 0
     else:
         d = pick(LEAST_OUTSTANDING, inst, loads, DECODE, count)
-        remote = code == ALWAYS or (code == LLM_D and prompt > cf[THRESHOLD])
+        uncached = prompt - cached[d] if d >= 0 else prompt
+        remote = code == ALWAYS or (code == LLM_D and uncached > cf[THRESHOLD])
         if code == DYNAMO:
             queued = 0.0
             for p in range(inst.shape[1]):
                 if inst[ROLE, p] == PREFILL:
                     queued += loads[W_N, p]
-            remote = prompt > cf[LENGTH] and queued < cf[QUEUE]
+            remote = uncached > cf[LENGTH] and queued < cf[QUEUE]
         p = least_prefill(inst, loads) if remote else -1
         out[0], out[1], out[2] = p, d, 0
     return out[1] >= 0 and not (out[0] < 0 and inst[ROLE, out[1]] == PREFILL)

@@ -94,6 +94,9 @@ class RoutingPoint:
     # (at most prompt - 1; live; None with caching off). From opaque block ids: engine
     # state, content-blind.
     cached_tokens: np.ndarray | None = None
+    # per instance, the requests routed there since the load report in ``loads`` was taken
+    # (a router's own in-flight accounting, kept by the cluster; zeros with live loads)
+    routed_since_report: np.ndarray | None = None
 
     def uncached_tokens(self) -> np.ndarray:
         """Per instance, the prompt tokens it would have to prefill (all without a cache)."""

@@ -38,10 +38,11 @@ NUM_CCI = 16
 # ---------------------------------------------------------------- ClusterState.cf (static)
 # INTERVAL: load_report_interval_s; NIC / SETUP: the link config (Kairos-transfer's term);
 # ALPHA, BETA (Kairos), LENGTH, QUEUE (Dynamo), THRESHOLD (llm-d); the edge's TTL (queue
-# TTL), TIMEOUT (the client's), B_BASE / B_MULT / B_CAP / JITTER (its backoff), all inf or 0
-# when off
-(INTERVAL, NIC, SETUP, ALPHA, BETA, LENGTH, QUEUE, THRESHOLD, TTL, TIMEOUT, B_BASE, B_MULT,
- B_CAP, JITTER) = _codes(14)
+# TTL), CLIENT_TIMEOUT (the client's), B_BASE / B_MULT / B_CAP / JITTER (its backoff), all
+# inf or 0 when off. (Not TIMEOUT: that is an event kind below, and the two once shared a
+# name, so the client's timeout went into THRESHOLD's slot and llm-d never disaggregated)
+(INTERVAL, NIC, SETUP, ALPHA, BETA, LENGTH, QUEUE, THRESHOLD, TTL, CLIENT_TIMEOUT, B_BASE,
+ B_MULT, B_CAP, JITTER) = _codes(14)
 NUM_CCF = 14
 # ---------------------------------------------------------------- ClusterState.si
 # NEXT: next arrival to route; HEAP_N / SEQ: the event heap; LAST_TID: last transfer id;
@@ -81,10 +82,13 @@ O_NONE, O_REJECTED, O_EXPIRED, O_ABANDONED = _codes(4)
 # instance, prefilling elsewhere; KEYED: its local policy is decided in the kernel;
 # BUDGET / BLOCK / SEQS / KV_BYTES / CHUNKED / COST_KIND: its EngineConfig's, as routers
 # read them (max_num_batched_tokens, block_size, max_num_seqs, kv_bytes_per_token,
-# chunked_prefill, the cost model's kind; its coefficients are the batched Params.cost)
+# chunked_prefill, the cost model's kind; its coefficients are the batched Params.cost);
+# ROUTED: requests routed here since the last load report (what a router keeping its own
+# in-flight accounting adds to a stale report; 0 with live loads); PROBE (prefix caching):
+# the tokens of the request being routed each instance's cache holds now (probe_each)
 (ROLE, ACTIVE, KV_OUT, INCOMING, KEYED, BUDGET, BLOCK, SEQS, KV_BYTES, CHUNKED,
- COST_KIND) = _codes(11)
-NUM_CINST = 11
+ COST_KIND, ROUTED, PROBE) = _codes(13)
+NUM_CINST = 13
 # event kinds, in the order events of one instant are handled: a prompt chunk done on P, P's
 # last chunk, P shed it, D allocated its blocks, D shed it; then the edge's: a queue TTL
 # runs out, a client's timeout, a client's retry (routed as an arrival)

@@ -11,8 +11,9 @@ when it lands). vLLM's disaggregated prefill: ``../shared/reference/cluster-disa
 
 from __future__ import annotations
 
+from cbgym.engine import prefix_cache as pc
 from cbgym.engine.jit import no_alloc_kernel
-from cbgym.engine.kutil import end, release
+from cbgym.engine.kutil import end, named, release
 from cbgym.engine.layout import (
     ARRIVAL,
     CHANGED,
@@ -32,6 +33,7 @@ from cbgym.engine.layout import (
     REMOTE_READY,
     SHED,
     STATUS,
+    TOKENS,
     UNTIL,
     WAITING,
     State,
@@ -82,9 +84,14 @@ def release_kv(s: State, rid: int) -> None:
 
 
 @no_alloc_kernel
-def kv_landed(s: State, rid: int) -> None:
-    """The KV of ``rid`` (waiting here for it) has landed: its 1-token step can be admitted."""
+def kv_landed(s: State, rid: int, block_size: int) -> None:
+    """The KV of ``rid`` (waiting here for it) has landed: its 1-token step can be admitted.
+    With prefix caching its prompt's full blocks are registered now (vLLM caches a received
+    request's blocks then, all but the last token, whose block, if full, it registers when
+    the 1-token step is scheduled: here at once)."""
     if s.req[STATUS, rid] == WAITING:  # (it may have been shed meanwhile)
+        if named(s):
+            pc.cache_full(s, rid, s.req[TOKENS, rid], block_size)
         s.req[REMOTE, rid] = REMOTE_READY
         s.si[CHANGED] = 1
         s.si[IDLED] = 0

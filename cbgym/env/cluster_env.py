@@ -20,7 +20,12 @@ from cbgym.cluster.routing import Route, RoutingPoint
 from cbgym.cluster.run import cluster_capacity, resolve_cluster
 from cbgym.cluster.tables import loads_array
 from cbgym.env.action import InvalidActionError
-from cbgym.env.cluster_vector_ops import INSTANCE_FEATURES, REQUEST_FEATURES, encode_into
+from cbgym.env.cluster_vector_ops import (
+    INSTANCE_FEATURES,
+    PREFIX_FEATURES,
+    REQUEST_FEATURES,
+    encode_into,
+)
 from cbgym.metrics import SLO, e2e_targets, slo_arrays, tbt_targets
 from cbgym.workload.trace import Trace
 
@@ -66,17 +71,22 @@ def route_index(routes: list[Route], route: Route, rp: RoutingPoint) -> int:
     raise ValueError(f"route {route} is not in the env's route table")
 
 
-def encode(rp: RoutingPoint) -> dict[str, np.ndarray]:
+def encode(rp: RoutingPoint, prefix: bool = False) -> dict[str, np.ndarray]:
     """The env's observation of a routing point (class docstring), for ``ClusterEnv`` and
     learned routers: the compiled encoder the native vector env runs in its kernel
-    (:func:`cbgym.env.cluster_vector_ops.encode_into`), so there is one encoder."""
+    (:func:`cbgym.env.cluster_vector_ops.encode_into`), so there is one encoder. ``prefix``:
+    with the PREFIX_FEATURES columns (zeros where the run has no cache)."""
     loads = rp.loads
     assert loads is not None, "the cluster env's router reads loads"
+    N = len(rp.role)
     req = np.empty(len(REQUEST_FEATURES), np.float32)
-    inst = np.empty((len(rp.role), len(INSTANCE_FEATURES)), np.float32)
+    inst = np.empty((N, len(INSTANCE_FEATURES) + prefix * len(PREFIX_FEATURES)), np.float32)
+    cached, routed = (np.zeros(N, np.int64) if x is None else np.ascontiguousarray(x, np.int64)
+                      for x in (rp.cached_tokens, rp.routed_since_report))
     encode_into(loads_array(loads), float(loads.report_s),
                 np.ascontiguousarray(rp.role, np.int64), int(rp.prompt_tokens),
-                float(rp.ttft_target_s), float(rp.tpot_target_s), float(rp.now), req, inst)
+                float(rp.ttft_target_s), float(rp.tpot_target_s), float(rp.now), cached,
+                routed, req, inst)
     return {"request": req, "instances": inst}
 
 
@@ -110,7 +120,12 @@ instance with chunked prefill); a masked or malformed action raises
 
     A ``Dict``: ``request`` (4,): the request's prompt tokens, its TTFT and TPOT targets, the
     age of the load report; ``instances`` (N, 17): each instance's role (one-hot) and load as
-    of the last report (``cbgym.cluster.routing``'s table). Scalings as the single env's:
+    of the last report (``cbgym.cluster.routing``'s table). With prefix caching on
+    (``ClusterConfig.with_prefix_caching()``), ``instances`` is (N, 20): three more columns,
+    what the cache-aware routers read: the tokens of the request's prompt each instance's
+    cache holds now (live, as ``RoutingPoint.cached_tokens``; zeros where the trace has no
+    block ids), their share of the prompt, and the requests routed there since the load
+    report (``RoutingPoint.routed_since_report``). Scalings as the single env's:
     *count* ``log2(1 + x) / 24``, *time* ``log2(1 + t / 1 ms) / 32``, *fraction* as is. All in
     [0, 1]. Content-blind: no prompt content, never a true output length.
 
@@ -199,10 +214,14 @@ instance with chunked prefill); a masked or malformed action raises
         self.policy = policy
         self.routes = route_table(self.config, allow_shed)
         N = self.config.num_instances
+        # (the observation's shape follows the configuration, not the trace: a trace
+        # without block ids runs uncached and observes zero cached tokens)
+        self.prefix = bool(self.config.engines[0].enable_prefix_caching)
+        F = len(INSTANCE_FEATURES) + self.prefix * len(PREFIX_FEATURES)
         self.action_space = spaces.Discrete(len(self.routes))
         self.observation_space = spaces.Dict({
             "request": spaces.Box(0.0, 1.0, (len(REQUEST_FEATURES),), np.float32),
-            "instances": spaces.Box(0.0, 1.0, (N, len(INSTANCE_FEATURES)), np.float32),
+            "instances": spaces.Box(0.0, 1.0, (N, F), np.float32),
         })
         self._mask = np.ones(len(self.routes), bool)
         for k, r in enumerate(self.routes):
@@ -286,7 +305,7 @@ instance with chunked prefill); a masked or malformed action raises
 
     # ------------------------------------------------------------------ encoding
     def _obs(self, rp: RoutingPoint) -> dict[str, np.ndarray]:
-        self._last_obs = encode(rp)
+        self._last_obs = encode(rp, self.prefix)
         return self._last_obs
 
     def _count_good(self) -> int:

@@ -27,8 +27,9 @@ time-series buffer), after which that env alone is resumed by another compiled c
 Spaces: ``ClusterEnv``'s, batched: actions ``MultiDiscrete([A] * N)`` (route indices; a
 masked or out-of-range one raises :class:`~cbgym.env.action.InvalidActionError` before
 anything steps), observations the Dict of ``request`` (N, 4) and ``instances`` (N, I, 17)
-float32; ``action_masks()`` (N, A). Infos are Gymnasium's dict of arrays with ``_key``
-masks, as ``SyncVectorEnv`` of ``ClusterEnv`` builds them: ``num_good`` and
+float32 (N, I, 20 with prefix caching: each instance's cache probed in the kernel);
+``action_masks()`` (N, A). Infos are Gymnasium's dict of arrays with ``_key`` masks, as
+``SyncVectorEnv`` of ``ClusterEnv`` builds them: ``num_good`` and
 ``action_mask`` for envs that stepped; ``window_start``, ``load`` and ``action_mask`` for
 envs that started an episode.
 """
@@ -111,13 +112,14 @@ class ClusterVectorEnv(VectorEnv):
         table = np.array([(-1 if r.prefill is None else r.prefill,
                            -1 if r.shed_reason is not None else r.decode, r.chunk_cap)
                           for r in self.routes], np.int64)
-        n, N, A = proto.n, proto.config.num_instances, len(self.routes)
+        n, A = proto.n, len(self.routes)
         self.B = co.Batch(table, np.zeros(E, np.int64), np.zeros(E, np.int64),
                           np.zeros((E, co.NUM_G), np.int64), np.full((E, n), np.inf),
                           np.zeros((E, n), np.int8))
         self.B.g[:, co.STOP] = -1
         self.out = co.Out(np.zeros((E, 4), np.float32),
-                          np.zeros((E, N, len(co.INSTANCE_FEATURES)), np.float32),
+                          np.zeros((E, *proto.observation_space["instances"].shape),
+                                   np.float32),
                           np.zeros(E), np.zeros(E, np.bool_))
         self._mask = proto.action_masks()
         self._bind_check()

@@ -30,9 +30,12 @@ from cbgym.cluster.state import (
     INTERVAL,
     NEXT,
     PREFILL_I,
+    PROBE,
     REPORT_S,
     ROLE,
+    ROUTED,
     ClusterState,
+    probe_each,
 )
 from cbgym.engine import layout as L
 from cbgym.engine.jit import kernel, no_alloc_kernel, parallel_kernel
@@ -47,6 +50,13 @@ INSTANCE_FEATURES = (
     ("transfers_in", "count"), ("transfers_out", "count"), ("incoming", "count"),
     ("kv_held_for_transfer", "count"), ("local_prefills", "count"),
     ("last_iteration_s", "time"))
+# with prefix caching, three more per instance (after INSTANCE_FEATURES), what the
+# cache-aware routers read: the tokens of the arriving request's prompt that instance's cache
+# holds now (live, as RoutingPoint.cached_tokens, not as of the load report), their share of
+# the prompt, and the requests routed there since the load report (their in-flight
+# accounting: requests arriving at one instant all see one report)
+PREFIX_FEATURES = (("cached_tokens", "count"), ("cached_fraction", "fraction"),
+                   ("routed_since_report", "count"))
 REQUEST_FEATURES = (("prompt_tokens", "count"), ("ttft_target_s", "time"),
                     ("tpot_target_s", "time"), ("report_age_s", "time"))
 
@@ -91,7 +101,8 @@ class Out(NamedTuple):
     observation, as ``ClusterEnv`` returns it."""
 
     request: np.ndarray  # (E, 4) float32
-    instances: np.ndarray  # (E, N, F) float32
+    instances: np.ndarray  # (E, N, F) float32 (F: INSTANCE_FEATURES, then PREFIX_FEATURES
+    # with prefix caching)
     reward: np.ndarray  # (E,) float64
     terminated: np.ndarray  # (E,) bool
 
@@ -114,12 +125,19 @@ def time_scaled(t: float) -> float:
 
 @no_alloc_kernel
 def encode_into(loads: np.ndarray, report_s: float, role: np.ndarray, prompt: int,
-                ttft: float, tpot: float, now: float, req: np.ndarray,
-                inst: np.ndarray) -> None:
+                ttft: float, tpot: float, now: float, cached: np.ndarray, routed: np.ndarray,
+                req: np.ndarray, inst: np.ndarray) -> None:
     """The observation of a request arriving at ``now`` under the report ``loads`` (rows:
     LOAD_FIELDS) taken at ``report_s``: ``request`` into ``req``, ``instances`` into
-    ``inst`` (float32, every instance feature clipped to [0, 1])."""
+    ``inst`` (float32, every instance feature clipped to [0, 1]); where ``inst`` has the
+    PREFIX_FEATURES columns, they come from ``cached`` (per instance, the prompt's tokens its
+    cache holds) and ``routed`` (requests routed there since the report)."""
+    prefix = inst.shape[1] > NUM_FEATURES
     for i in range(len(role)):
+        if prefix:
+            inst[i, NUM_FEATURES] = np.float32(count_scaled(cached[i]))
+            inst[i, NUM_FEATURES + 1] = np.float32(cached[i] / prompt if prompt > 0 else 0.0)
+            inst[i, NUM_FEATURES + 2] = np.float32(count_scaled(routed[i]))
         for f in range(NUM_FEATURES):
             kind, arg = FEATURE_KIND[f], FEATURE_ARG[f]
             if kind == FLAG:
@@ -141,15 +159,18 @@ def encode_into(loads: np.ndarray, report_s: float, role: np.ndarray, prompt: in
 @no_alloc_kernel
 def observe(C: ClusterState, S: State, P: Params, req: np.ndarray, inst: np.ndarray) -> None:
     """The observation of the request waiting at the door (``Cluster.routing_point``'s loads:
-    the last report, or live ones with ``load_report_interval_s=0``)."""
+    the last report, or live ones with ``load_report_interval_s=0``; with prefix caching,
+    each instance's cache now, ``Cluster.cached_on_each``'s probe)."""
     rid = C.si[NEXT]
     now = C.arrival[rid]
     loads, report_s = C.loads, C.sf[REPORT_S]
     if C.cf[INTERVAL] == 0:
         loop.take_loads(C, S, P, C.live)
         loads, report_s = C.live, now
+    if P.ci[0, L.PREFIX]:
+        probe_each(S, rid, P.ci[0, L.BLOCK_SIZE], C.inst[PROBE])
     encode_into(loads, report_s, C.inst[ROLE], C.prompt[rid], C.ttft[rid], C.tpot[rid], now,
-                req, inst)
+                C.inst[PROBE], C.inst[ROUTED], req, inst)
 
 
 # ------------------------------------------------------------------ the goodput count

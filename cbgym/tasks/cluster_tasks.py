@@ -47,6 +47,9 @@ class ClusterTask:
     # control is the router's to do (its shed route answers 429)
     admission: AdmissionConfig | None = None
     client: ClientModel | None = None
+    # vLLM's automatic prefix caching on every instance (ClusterConfig.with_prefix_caching():
+    # the trace's block ids; the env observes each instance's cache)
+    prefix_caching: bool = False
 
     # the same splits and windows as the single-instance tasks
     ranges = Task.ranges
@@ -59,8 +62,9 @@ class ClusterTask:
     def cluster_config(self) -> Any:
         from cbgym.cluster.config import ClusterConfig
 
-        return ClusterConfig.preset(self.cluster,
-                                    load_report_interval_s=self.load_report_interval_s)
+        cfg = ClusterConfig.preset(self.cluster,
+                                   load_report_interval_s=self.load_report_interval_s)
+        return cfg.with_prefix_caching() if self.prefix_caching else cfg
 
     def env_kwargs(self, num_requests: int, split: str = "train") -> dict[str, Any]:
         """``ClusterEnv`` arguments for episodes drawn from ``split``."""
@@ -100,6 +104,16 @@ CLUSTER_TASKS = {t.name: t for t in (
                 references=("round-robin", "least-outstanding", "jsq-tokens",
                             *OVERLOAD_CAPS),
                 client=ClientModel(timeout_s=10.0, max_retries=3, on_abandon="leave")),
+    # prefix caching on four H100 replicas, Mooncake's conversation trace (its block ids):
+    # where a request's prefix is cached matters beside the load. Load reports every 50 ms
+    # (llm-d's); test load 1.2 of the replicas' capacity under round-robin, chosen on
+    # validation windows (loads 1.0, 1.2 and 1.5: llm-d-prefix best each time, random routes
+    # at 77-82% of it, least-outstanding below random: it herds on Mooncake's same-instant
+    # arrivals)
+    ClusterTask("prefix-4x-mooncake", "mooncake-conversation", "4x:llama-3.1-8b/h100-80gb",
+                train_load=(0.8, 1.6), test_load=1.2, slo=SLO(2.0, 0.1),
+                load_report_interval_s=0.05, prefix_caching=True,
+                references=(*BALANCERS, "dynamo-kv", "llm-d-prefix", "cache-affinity")),
 )}
 DEFAULT_CLUSTER_TASK = "code-2p2d-deflection"
 

@@ -59,7 +59,7 @@ class CompiledRule(Router):
                  else np.zeros((len(LOAD_FIELDS), rp.num_instances)))
         out = np.zeros(3, np.int64)
         if not route_rule(self.code, cf, inst, coefs, loads, np.int64(rp.prompt_tokens),
-                          float(rp.ttft_target_s), float(rp.tpot_target_s),
+                          cached_of(rp), float(rp.ttft_target_s), float(rp.tpot_target_s),
                           np.int64(self.count), out):
             raise InvalidRouteError(f"router {self.name!r}: no pool its rule needs on roles "
                                     f"{sorted(set(rp.config.roles))}")
@@ -67,3 +67,10 @@ class CompiledRule(Router):
         if p >= 0:
             return Route.disaggregate(p, d)
         return Route.to(d) if rp.role[d] == ROLE_CODES["unified"] else Route.deflect(d, cap)
+
+
+def cached_of(rp: RoutingPoint) -> np.ndarray:
+    """Per instance, the prompt's tokens its prefix cache holds (zeros without caching)."""
+    if rp.cached_tokens is None:
+        return np.zeros(rp.num_instances, np.int64)
+    return np.ascontiguousarray(rp.cached_tokens, np.int64)

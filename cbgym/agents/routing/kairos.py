@@ -52,8 +52,10 @@ passes what could still be chosen (alpha x TTFT_P, the TTFT SLO, the best d so f
 leaves the decision unchanged, and never re-prices a candidate that failed uncut: its step
 only grows with the context done (all cost models but a table fitted with a negative
 ``kv_token_s``, for which the walk re-tries every candidate each step). Loads are used as
-reported (stale by up to ``load_report_interval_s``, as the paper's 100 ms); prefix caching
-is ignored (the paper's).
+reported (stale by up to ``load_report_interval_s``, as the paper's 100 ms). With prefix
+caching *(ours; the paper has none)*: TTFT_P prices what p's cache leaves to compute, the
+transfer term what the decode instance it would use lacks, LargestSafe on d starts after
+d's cached prefix, and d's blocks are counted for its uncached tokens.
 """
 
 from __future__ import annotations
@@ -63,11 +65,11 @@ import math
 import numpy as np
 
 from cbgym.agents.params import parse_float
-from cbgym.agents.routing.compiled import CompiledRule
+from cbgym.agents.routing.compiled import CompiledRule, cached_of
 from cbgym.cluster import route_ops as ro
 from cbgym.cluster.config import ClusterConfig
 from cbgym.cluster.routing import RoutingPoint
-from cbgym.cluster.state import ALPHA, BETA, BUDGET, COST_KIND
+from cbgym.cluster.state import ALPHA, BETA, BUDGET, COST_KIND, DECODE
 
 CHUNKS = tuple(int(c) for c in ro.CHUNKS)
 
@@ -99,8 +101,11 @@ class Kairos(CompiledRule):
         assert rp.loads is not None
         inst, coefs, cf = self._tables(rp.config)
         loads = _loads(rp)
+        cached = cached_of(rp)
+        d = ro.pick(ro.LEAST_OUTSTANDING, inst, loads, DECODE, np.int64(0))
+        sent = np.int64(rp.prompt_tokens - cached[d] if d >= 0 else rp.prompt_tokens)
         return np.array([ro.prefill_estimate(self.code, cf, inst, coefs, loads, p,
-                                             np.int64(rp.prompt_tokens))
+                                             np.int64(rp.prompt_tokens), cached[p], sent)
                          for p in rp.pool("prefill").tolist()])
 
     def eligible(self, rp: RoutingPoint) -> np.ndarray:
@@ -108,8 +113,8 @@ class Kairos(CompiledRule):
         assert rp.loads is not None
         inst, _, _ = self._tables(rp.config)
         loads = _loads(rp)
-        d = rp.pool("decode")
-        return d[[bool(ro.kairos_ok(inst, loads, k, np.int64(rp.prompt_tokens)))
+        d, cached = rp.pool("decode"), cached_of(rp)
+        return d[[bool(ro.kairos_ok(inst, loads, k, np.int64(rp.prompt_tokens), cached[k]))
                   for k in d.tolist()]]
 
     def decode_ttft(self, rp: RoutingPoint, d: int, bound: float = math.inf
@@ -122,7 +127,7 @@ class Kairos(CompiledRule):
                                 np.int64(rp.loads.decode_batch[d]),
                                 np.int64(rp.loads.decode_context_tokens[d]),
                                 np.int64(rp.prompt_tokens), self.beta * rp.tpot_target_s,
-                                float(bound))
+                                float(bound), cached_of(rp)[d])
         return float(t), int(cap)
 
     def estimates(self, rp: RoutingPoint) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -16,6 +16,7 @@ import numpy as np
 
 from cbgym.agents.learned import CHECKPOINT_DIR as CHECKPOINTS  # beside the learned policies
 from cbgym.cluster.routing import Route, Router, RouterContext, RoutingPoint
+from cbgym.env.cluster_vector_ops import INSTANCE_FEATURES
 
 
 def router_checkpoint(spec: str) -> Path:
@@ -82,11 +83,14 @@ class LearnedRouter(Router):
                                    and not engines[r.decode].chunked_prefill)
                               for r in self.routes])
         self.rng = np.random.default_rng(ctx.seed)
+        # (a model trained with prefix caching reads the cache columns)
+        self.prefix = self.model.observation_space["instances"].shape[1] > len(
+            INSTANCE_FEATURES)
 
     def route(self, rp: RoutingPoint) -> Route:
         from cbgym.env.cluster_env import encode
 
-        obs = encode(rp)
+        obs = encode(rp, self.prefix)
         if self.deterministic:
             a, _ = self.model.predict(obs, deterministic=True, action_masks=self.mask)
             return self.routes[int(a)]

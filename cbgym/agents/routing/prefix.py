@@ -3,7 +3,8 @@
 They read ``RoutingPoint.cached_tokens`` (per instance, the request's prompt tokens its
 prefix cache holds now: engine state from opaque block ids, content-blind) beside the load
 report; without prefix caching every instance holds nothing and they reduce to their load
-term. Unified replicas only (prefix caching on disaggregated pools is not modelled).
+term. Unified replicas only (on prefill/decode pools the placement rules ``dynamo``,
+``llm-d`` and ``kairos`` read the uncached prompt: :mod:`cbgym.cluster.route_ops`).
 
 Each also counts what it routed since the load report it reads (requests, and their prompt
 blocks), as production routers keep their own in-flight accounting: requests arriving at
@@ -36,8 +37,9 @@ class CacheRouter(Router):
     def reset(self, ctx: RouterContext) -> None:
         super().reset(ctx)
         if ctx.config.disaggregated:
-            raise ValueError(f"router {self.name!r}: routes among unified replicas (prefix "
-                             "caching on prefill/decode pools is not modelled)")
+            raise ValueError(f"router {self.name!r}: routes among unified replicas (on "
+                             "prefill/decode pools: dynamo, llm-d or kairos, which read "
+                             "the uncached prompt)")
         engines = ctx.config.engines
         self.block_size = int(engines[0].block_size or 16)
         self.num_blocks = np.array([e.num_kv_blocks for e in engines], np.float64)
