@@ -239,6 +239,17 @@ def resolve_trace(name: str, download: bool = False) -> Trace:
         raise ValueError(f"trace {name!r}: {_first_line(exc)}") from exc
 
 
+def scalable(name: str, trace: Trace) -> None:
+    """Raise ValueError (one line) unless ``trace`` can be rescaled to a load: two requests
+    or more, not all at one instant (its arrival rate is finite)."""
+    if len(trace) < 2:
+        raise ValueError(f"trace {name!r} has {len(trace)} request(s); rescaling to a load "
+                         "needs at least two")
+    if not trace.arrival_s[-1] > trace.arrival_s[0]:
+        raise ValueError(f"trace {name!r}: all {len(trace)} requests arrive at one instant; "
+                         "rescaling to a load needs distinct arrival times")
+
+
 def check_policy(spec: str) -> None:
     """Raise ValueError (one line) unless ``spec`` builds a policy."""
     from cbgym.agents import make_policy

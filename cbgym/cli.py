@@ -20,6 +20,8 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
+from cbgym import cli_types as T
+
 DEFAULT_TRACE = "azure-conv-2023"
 FALLBACK_TRACE = "synthetic-conv"
 DEFAULT_POLICIES = "fcfs,cb-sjf-work,oracle-work"
@@ -45,68 +47,6 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter,
         return super()._get_help_string(action)
 
 
-# ---------------------------------------------------------------- argument types
-
-
-def _listed(convert: Callable[[str], Any], what: str) -> Callable[[str], tuple[Any, ...]]:
-    def parse(text: str) -> tuple[Any, ...]:
-        items = [part.strip() for part in text.split(",") if part.strip()]
-        if not items:
-            raise argparse.ArgumentTypeError(f"expected a comma-separated list of {what}")
-        return tuple(convert(item) for item in items)
-
-    return parse
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not value > 0 or value != value or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
-    return value
-
-
-def _load(text: str) -> float:
-    try:
-        return _positive_float(text)
-    except argparse.ArgumentTypeError:
-        raise argparse.ArgumentTypeError(
-            f"load must be a number > 0 (offered load rho = lambda / mu), got {text!r}"
-        ) from None
-
-
-def _fraction(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not 0 <= value < 1:
-        raise argparse.ArgumentTypeError(f"must be a fraction in [0, 1), got {text}")
-    return value
-
-
-def _int_at_least(low: int) -> Callable[[str], int]:
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-        if value < low:
-            raise argparse.ArgumentTypeError(f"must be an integer >= {low}, got {text}")
-        return value
-
-    return parse
-
-
-def _seed(text: str) -> int:
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"seed {text!r} is not an integer") from None
-
-
 # ---------------------------------------------------------------- shared options
 
 
@@ -118,9 +58,9 @@ def _add_engine_options(parser: argparse.ArgumentParser, plural: bool) -> None:
              "iterations, no chunking, no preemption) or a roofline preset 'model/gpu[/tpN]', "
              "e.g. 'llama-2-13b/a100-80gb' (vLLM-style chunked prefill and preemption)"
              + ("; comma-separated for several" if plural else ""))
-    group.add_argument("--max-num-seqs", type=_int_at_least(1), default=None, metavar="N",
+    group.add_argument("--max-num-seqs", type=T.int_at_least(1), default=None, metavar="N",
                        help="override the cap on running requests (vLLM max_num_seqs)")
-    group.add_argument("--max-num-batched-tokens", type=_int_at_least(1), default=None,
+    group.add_argument("--max-num-batched-tokens", type=T.int_at_least(1), default=None,
                        metavar="N", help="override the per-iteration token budget")
     group.add_argument("--preemption", choices=("recompute", "swap"), default=None,
                        help="override what happens to a preempted request's KV")
@@ -133,11 +73,11 @@ def _add_engine_options(parser: argparse.ArgumentParser, plural: bool) -> None:
 
 def _add_slo_options(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
     group = parser.add_argument_group("metrics")
-    group.add_argument("--ttft", type=_positive_float, default=2.0, metavar="S",
+    group.add_argument("--ttft", type=T.positive_float, default=2.0, metavar="S",
                        help="TTFT SLO in seconds (goodput counts requests meeting both SLOs)")
-    group.add_argument("--tpot", type=_positive_float, default=0.1, metavar="S",
+    group.add_argument("--tpot", type=T.positive_float, default=0.1, metavar="S",
                        help="TPOT SLO in seconds per output token")
-    group.add_argument("--warmup", type=_fraction, default=0.1, metavar="FRAC",
+    group.add_argument("--warmup", type=T.fraction, default=0.1, metavar="FRAC",
                        help="fraction of each window's earliest requests left out of latency "
                             "statistics (the study discards 10%%)")
     return group
@@ -191,52 +131,52 @@ def _bench_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                        formatter_class=_HelpFormatter)
     sweep = p.add_argument_group("sweep")
     sweep.add_argument(
-        "--trace", type=_listed(str, "trace names or paths"), default=None,
+        "--trace", type=T.traces, default=None,
         metavar="NAME[,NAME...]",
         help="traces: catalogue names (azure-conv-2023, azure-code-2023, azure-conv-2024, "
              "azure-code-2024, synthetic-conv, synthetic-code) or file paths; default "
              f"{DEFAULT_TRACE} if found locally, else {FALLBACK_TRACE}")
-    sweep.add_argument("--policies", type=_listed(str, "policies"), default=DEFAULT_POLICIES,
+    sweep.add_argument("--policies", type=T.listed(str, "policies"), default=DEFAULT_POLICIES,
                        metavar="P[,P...]",
                        help="policy specs (see cbgym.agents.POLICIES), e.g. fcfs, sjf-ctx, "
                             "cb-sjf-work, oracle-work, oracle-sjf, ljf-work, random, "
                             "noisy-oracle:0.8, cb-sjf-work-aging:0.05")
-    sweep.add_argument("--loads", type=_listed(_load, "loads"), default=DEFAULT_LOADS,
+    sweep.add_argument("--loads", type=T.listed(T.load, "loads"), default=DEFAULT_LOADS,
                        metavar="RHO[,RHO...]", help="offered loads rho = lambda / mu, each > 0")
-    sweep.add_argument("--windows", type=_int_at_least(1), default=2, metavar="N",
+    sweep.add_argument("--windows", type=T.int_at_least(1), default=2, metavar="N",
                        help="windows per trace")
-    sweep.add_argument("--window-requests", type=_int_at_least(2), default=4000, metavar="M",
+    sweep.add_argument("--window-requests", type=T.int_at_least(2), default=4000, metavar="M",
                        help="requests per window (the study uses 20,000; clipped to the trace)")
-    sweep.add_argument("--seeds", type=_listed(_seed, "integer seeds"), default="0",
+    sweep.add_argument("--seeds", type=T.listed(T.seed, "integer seeds"), default="0",
                        metavar="S[,S...]", help="seeds for randomised policies")
-    sweep.add_argument("--capacity-sample", type=_int_at_least(2), default=4000, metavar="K",
+    sweep.add_argument("--capacity-sample", type=T.int_at_least(2), default=4000, metavar="K",
                        help="requests released at t=0 to measure capacity (the study: 4,000)")
     sweep.add_argument("--download", action="store_true",
                        help="download missing catalogue traces into the user cache")
     _add_engine_options(p, plural=True)
     met = _add_slo_options(p)
-    met.add_argument("--starvation-multiple", type=_positive_float, default=10.0, metavar="K",
+    met.add_argument("--starvation-multiple", type=T.positive_float, default=10.0, metavar="K",
                      help="a request starves if its wait exceeds K x the FCFS median wait of "
                           "the same window (results.csv also counts waits beyond the longest "
                           "FCFS wait: starved_beyond_fcfs_max)")
-    met.add_argument("--cdf-load", type=_load, default=None, metavar="RHO",
+    met.add_argument("--cdf-load", type=T.load, default=None, metavar="RHO",
                      help="load whose latency CDFs are kept and plotted (default: the highest)")
     clu = p.add_argument_group("cluster (docs/cluster.md)")
     clu.add_argument("--cluster", default=None, metavar="PRESET",
                      help="sweep routers on a cluster instead: 'Nx:MODEL/GPU' or "
                           "'XpYd:MODEL/GPU' (e.g. 2p2d:deepseek-v2-lite/a100-80gb); --policies "
                           "then names the one local policy of every instance")
-    clu.add_argument("--routers", type=_listed(str, "routers"), default=None,
+    clu.add_argument("--routers", type=T.listed(str, "routers"), default=None,
                      metavar="R[,R...]", help="router specs (cbgym.agents.routing.ROUTERS); "
                      "default round-robin,least-outstanding,jsq-tokens, or on a "
                      "disaggregated cluster always-disaggregate,dynamo,kairos")
-    clu.add_argument("--tbt", type=_positive_float, default=None, metavar="S",
+    clu.add_argument("--tbt", type=T.positive_float, default=None, metavar="S",
                      help="also require each request's worst gap between tokens <= S")
     from cbgym.cli_tenants import add_options
 
     add_options(p)
     run = p.add_argument_group("run and output")
-    run.add_argument("--workers", type=_int_at_least(1), default=None, metavar="N",
+    run.add_argument("--workers", type=T.int_at_least(1), default=None, metavar="N",
                      help="worker processes; 1 runs everything in this process (default: "
                           f"os.cpu_count(), {os.cpu_count()} here)")
     run.add_argument("--out", default=None, metavar="DIR",
@@ -262,7 +202,7 @@ def _default_trace(download: bool) -> tuple[str, str]:
 
 
 def _bench_config(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Any:
-    from cbgym.bench import BenchConfig, check_policy, resolve_engine, resolve_trace
+    from cbgym.bench import BenchConfig, check_policy, resolve_engine, resolve_trace, scalable
 
     for spec in args.policies:
         _or_fail(parser, "--policies", lambda s=spec: check_policy(s))
@@ -272,7 +212,8 @@ def _bench_config(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
     for preset in engines:
         _or_fail(parser, "--engine", lambda e=preset: resolve_engine(e, _engine_overrides(args)))
     for name in args.trace:
-        _or_fail(parser, "--trace", lambda n=name: resolve_trace(n, args.download))
+        trace = _or_fail(parser, "--trace", lambda n=name: resolve_trace(n, args.download))
+        _or_fail(parser, "--trace", lambda n=name, t=trace: scalable(n, t))  # (rho scaling)
     if args.cdf_load is not None and args.cdf_load not in args.loads:
         parser.error(f"--cdf-load: {args.cdf_load:g} is not one of --loads")
     over = _engine_overrides(args)
@@ -301,6 +242,8 @@ def _cmd_bench(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
     from cbgym.bench import format_table, run_bench, write_outputs
 
     chosen = None
+    if args.out:
+        T.out_dir(parser, args.out)
     if args.noisy_neighbour:
         from cbgym.cli_tenants import cmd_noisy_neighbour
 
@@ -366,18 +309,20 @@ def _simulate_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser
     run.add_argument("--trace", default=FALLBACK_TRACE, metavar="NAME",
                      help="catalogue name or file path")
     run.add_argument("--policy", default="fcfs", metavar="P", help="policy spec")
-    run.add_argument("--load", type=_load, default=None, metavar="RHO",
+    run.add_argument("--load", type=T.load, default=None, metavar="RHO",
                      help="rescale arrivals to this offered load (default: as recorded)")
-    run.add_argument("--capacity-rps", type=_positive_float, default=None, metavar="MU",
+    run.add_argument("--capacity-rps", type=T.positive_float, default=None, metavar="MU",
                      help="capacity to scale with (default: measured on the window)")
-    run.add_argument("--start", type=_int_at_least(0), default=0, metavar="I",
+    run.add_argument("--start", type=T.int_at_least(0), default=0, metavar="I",
                      help="first request of the window")
-    run.add_argument("--requests", type=_int_at_least(2), default=None, metavar="M",
+    run.add_argument("--requests", type=T.int_at_least(2), default=None, metavar="M",
                      help="requests in the window (default: to the end of the trace)")
-    run.add_argument("--seed", type=_seed, default=0, help="seed for randomised policies")
+    run.add_argument("--seed", type=T.seed, default=0, help="seed for randomised policies")
     run.add_argument("--download", action="store_true",
                      help="download a missing catalogue trace into the user cache")
     run.add_argument("--json", action="store_true", help="print the summary as JSON")
+    run.add_argument("--out", default=None, metavar="DIR",
+                     help="also write requests.csv (one row per request) and summary.json")
     _add_engine_options(p, plural=False)
     _add_slo_options(p)
     p.set_defaults(handler=_cmd_simulate, subparser=p)
@@ -386,22 +331,28 @@ def _simulate_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser
 
 def _cmd_simulate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from cbgym import study
-    from cbgym.bench import check_policy, resolve_engine, resolve_trace
+    from cbgym.bench import check_policy, resolve_engine, resolve_trace, scalable
     from cbgym.metrics import SLO
     from cbgym.simulate import simulate
 
     _or_fail(parser, "--policy", lambda: check_policy(args.policy))
+    out = T.out_dir(parser, args.out) if args.out else None
     engine = _or_fail(parser, "--engine",
                       lambda: resolve_engine(args.engine, _engine_overrides(args)))
     trace = _or_fail(parser, "--trace", lambda: resolve_trace(args.trace, args.download))
     count = len(trace) - args.start if args.requests is None else args.requests
     window = _or_fail(parser, "--start/--requests", lambda: trace.window(args.start, count))
+    if args.load is not None:
+        _or_fail(parser, "--load", lambda: scalable(args.trace, window))
     res = simulate(window, args.policy, engine, load=args.load, seed=args.seed,
                    slo=SLO(args.ttft, args.tpot), capacity_rps=args.capacity_rps)
     summary = {**res.summary(warmup=args.warmup), **study.latency_stats(res.requests,
                                                                          args.warmup)}
     head = {"trace": args.trace, "start": args.start, "requests": count,
             "engine": args.engine, "policy": args.policy, "load": args.load, "seed": args.seed}
+    if out is not None:
+        res.requests.to_csv(out / "requests.csv")
+        (out / "summary.json").write_text(json.dumps({**head, **summary}, indent=2) + "\n")
     if args.json:
         print(json.dumps({**head, **summary}, indent=2))
     else:

@@ -181,3 +181,52 @@ def test_simulate_command_reruns_one_cell(capsys: pytest.CaptureFixture[str]) ->
     summary = json.loads(capsys.readouterr().out)
     assert summary["num_requests"] == 135  # 150 minus the 10% warm-up
     assert np.isfinite(summary["mean_norm_latency_ms"])
+
+
+AZURE_HEADER = "TIMESTAMP,ContextTokens,GeneratedTokens"
+
+
+def azure_file(path: Path, stamps: list[str]) -> Path:
+    rows = [f"2023-11-16 18:15:{s},{100 + 10 * k},{5 + k}" for k, s in enumerate(stamps)]
+    path.write_text("\n".join([AZURE_HEADER, *rows]) + "\n")
+    return path
+
+
+def test_trace_paths_may_hold_commas(tmp_path: Path) -> None:
+    """Issue 15: ``--trace`` split a path with commas into two missing traces."""
+    odd = azure_file(tmp_path / "week 1, part 2.csv", ["46.68", "47.10", "48.00"])
+    args = build_parser().parse_args(["bench", "--trace", f"{odd},synthetic-code"])
+    assert args.trace == (str(odd), "synthetic-code")
+    assert build_parser().parse_args(["bench", "--trace", "a, b"]).trace == ("a", "b")
+
+
+def test_out_is_checked_before_the_sweep(capsys: pytest.CaptureFixture[str],
+                                         tmp_path: Path) -> None:
+    """Issue 15: a bad ``--out`` lost every result after the sweep."""
+    blocker = tmp_path / "taken"
+    blocker.write_text("")
+    for cmd in ("bench", "simulate"):
+        err = one_error_line(capsys, [cmd, "--trace", "synthetic-code", "--out", str(blocker)])
+        assert "--out" in err and "not a directory" in err
+
+
+def test_one_request_and_one_instant_traces_are_one_line_errors(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """Issue 15: such a trace gave a worker traceback (rho scaling needs a finite rate)."""
+    one = azure_file(tmp_path / "one.csv", ["46.68"])
+    same = azure_file(tmp_path / "same.csv", ["46.68"] * 3)
+    assert "at least two" in one_error_line(capsys, ["bench", "--trace", str(one)])
+    assert "one instant" in one_error_line(capsys, ["bench", "--trace", str(same)])
+    assert "at least two" in one_error_line(capsys, ["simulate", "--trace", str(one),
+                                                     "--load", "0.9"])
+
+
+def test_simulate_out_writes_requests_and_summary(capsys: pytest.CaptureFixture[str],
+                                                  tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    assert main(["simulate", "--trace", "synthetic-code", "--requests", "120", "--load", "0.8",
+                 "--capacity-rps", "1.5", "--json", "--out", str(out)]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert json.loads((out / "summary.json").read_text()) == printed
+    req = pd.read_csv(out / "requests.csv", index_col=0)
+    assert len(req) == 120 and {"arrival_s", "ttft_s", "status"} <= set(req.columns)
