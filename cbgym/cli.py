@@ -311,6 +311,12 @@ def _simulate_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser
     run.add_argument("--policy", default="fcfs", metavar="P", help="policy spec")
     run.add_argument("--load", type=T.load, default=None, metavar="RHO",
                      help="rescale arrivals to this offered load (default: as recorded)")
+    run.add_argument("--request-rate", type=T.positive_float, default=None, metavar="R",
+                     help="instead of --load: send the requests at R req/s as vLLM's "
+                          "benchmark does (Gamma gaps, shape --burstiness)")
+    run.add_argument("--burstiness", type=T.positive_float, default=1.0, metavar="B",
+                     help="with --request-rate: vLLM's burstiness (1 = Poisson, lower = "
+                          "burstier)")
     run.add_argument("--capacity-rps", type=T.positive_float, default=None, metavar="MU",
                      help="capacity to scale with (default: measured on the window)")
     run.add_argument("--start", type=T.int_at_least(0), default=0, metavar="I",
@@ -344,12 +350,18 @@ def _cmd_simulate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
     window = _or_fail(parser, "--start/--requests", lambda: trace.window(args.start, count))
     if args.load is not None:
         _or_fail(parser, "--load", lambda: scalable(args.trace, window))
+        if args.request_rate is not None:
+            parser.error("--request-rate: give --load or --request-rate, not both")
+    if args.burstiness != 1.0 and args.request_rate is None:
+        parser.error("--burstiness: shapes --request-rate's arrivals; give --request-rate")
     res = simulate(window, args.policy, engine, load=args.load, seed=args.seed,
-                   slo=SLO(args.ttft, args.tpot), capacity_rps=args.capacity_rps)
+                   slo=SLO(args.ttft, args.tpot), capacity_rps=args.capacity_rps,
+                   request_rate=args.request_rate, burstiness=args.burstiness)
     summary = {**res.summary(warmup=args.warmup), **study.latency_stats(res.requests,
                                                                          args.warmup)}
     head = {"trace": args.trace, "start": args.start, "requests": count,
-            "engine": args.engine, "policy": args.policy, "load": args.load, "seed": args.seed}
+            "engine": args.engine, "policy": args.policy, "load": args.load, "seed": args.seed,
+            "request_rate": args.request_rate, "burstiness": args.burstiness}
     if out is not None:
         res.requests.to_csv(out / "requests.csv")
         (out / "summary.json").write_text(json.dumps({**head, **summary}, indent=2) + "\n")

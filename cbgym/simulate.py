@@ -132,6 +132,8 @@ def simulate(
     admission: AdmissionConfig | None = None,
     client: ClientModel | None = None,
     closed_loop: bool | None = None,
+    request_rate: float | None = None,
+    burstiness: float = 1.0,
 ) -> SimulationResult:
     """Simulate ``trace`` on one serving instance under ``policy``, or on a ``cluster``.
 
@@ -169,6 +171,10 @@ def simulate(
             its think time after the previous one ends); None: wherever the trace has
             sessions (:class:`cbgym.engine.Engine`). With ``load``, only first turns'
             arrivals are rescaled.
+        request_rate: instead of ``load``, send the requests as vLLM's benchmark does at
+            this rate (requests/s): Gamma inter-arrival times of shape ``burstiness`` (1:
+            Poisson), drawn with ``seed`` (:func:`cbgym.workload.at_request_rate`).
+        burstiness: vLLM's ``--burstiness`` (the Gamma shape; only with ``request_rate``).
 
     Returns:
         A :class:`cbgym.metrics.SimulationResult` (a :class:`cbgym.cluster.ClusterResult`
@@ -182,6 +188,15 @@ def simulate(
     """
     load, capacity_rps = _positive("load", load), _positive("capacity_rps", capacity_rps)
     seed = _seed(seed)
+    if request_rate is not None:
+        from cbgym.workload import at_request_rate
+
+        if load is not None:
+            raise ValueError("simulate: give load= or request_rate=, not both")
+        trace = at_request_rate(resolve_trace(trace), request_rate, burstiness, seed)
+    elif burstiness != 1.0:
+        raise ValueError("simulate: burstiness= shapes request_rate= arrivals; give "
+                         "request_rate= too")
     if cluster is not None:
         if engine is not None:
             raise ValueError("simulate: give engine= or cluster=, not both (a cluster's "

@@ -230,3 +230,14 @@ def test_simulate_out_writes_requests_and_summary(capsys: pytest.CaptureFixture[
     assert json.loads((out / "summary.json").read_text()) == printed
     req = pd.read_csv(out / "requests.csv", index_col=0)
     assert len(req) == 120 and {"arrival_s", "ttft_s", "status"} <= set(req.columns)
+
+
+def test_simulate_request_rate_and_burstiness(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["simulate", "--trace", "synthetic-code", "--requests", "150",
+                 "--request-rate", "2", "--burstiness", "0.5", "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["request_rate"] == 2.0 and summary["burstiness"] == 0.5
+    assert "not both" in one_error_line(capsys, ["simulate", "--trace", "synthetic-code",
+                                                 "--load", "0.8", "--request-rate", "2"])
+    assert "--request-rate" in one_error_line(capsys, ["simulate", "--trace",
+                                                       "synthetic-code", "--burstiness", "2"])

@@ -127,3 +127,34 @@ def test_from_distributions() -> None:
     assert fixed.prompt_tokens.tolist() == [1, 2, 3] and fixed.name == "tiny"
     with pytest.raises(ValueError, match="integer >= 1"):
         from_distributions([0.0, 1.0], 0, 1)
+
+
+def test_at_request_rate_is_vllms_benchmark_arrivals() -> None:
+    """Issue 15: ``--request-rate R --burstiness B`` as vLLM's benchmark draws them: Gamma
+    gaps of shape B and mean 1/R (B = 1: Poisson), the requests' token counts kept."""
+    import cbgym
+    from cbgym.workload import at_request_rate, synthetic_trace
+
+    tr = synthetic_trace("code", 20_000, seed=1)
+    for b in (1.0, 0.25, 4.0):
+        out = at_request_rate(tr, 5.0, b, seed=3)
+        gaps = np.diff(out.arrival_s)
+        assert out.arrival_s[0] == 0.0 and (gaps >= 0).all()
+        assert abs(gaps.mean() * 5.0 - 1.0) < 0.05
+        assert abs(gaps.std() / gaps.mean() - b ** -0.5) < 0.06
+        np.testing.assert_array_equal(out.prompt_tokens, tr.prompt_tokens)
+        np.testing.assert_array_equal(out.output_tokens, tr.output_tokens)
+    np.testing.assert_array_equal(at_request_rate(tr, 5.0, 0.5, 7).arrival_s,
+                                  at_request_rate(tr, 5.0, 0.5, 7).arrival_s)
+    for bad in ({"rate": 0.0}, {"rate": float("inf")}, {"burstiness": 0.0},
+                {"burstiness": True}):
+        with pytest.raises(ValueError):
+            at_request_rate(tr, **{"rate": 5.0, "burstiness": 1.0, **bad})
+    small = tr.window(0, 200)
+    a = cbgym.simulate(small, request_rate=3.0, burstiness=0.5, seed=2).requests
+    b_ = cbgym.simulate(at_request_rate(small, 3.0, 0.5, 2)).requests
+    np.testing.assert_array_equal(a["ttft_s"].to_numpy(), b_["ttft_s"].to_numpy())
+    with pytest.raises(ValueError, match="not both"):
+        cbgym.simulate(small, load=0.8, request_rate=3.0)
+    with pytest.raises(ValueError, match="request_rate"):
+        cbgym.simulate(small, burstiness=0.5)

@@ -25,6 +25,7 @@ from cbgym.workload.sessions import (
     previous_in_session,
 )
 from cbgym.workload.synthetic import (
+    at_request_rate,
     from_distributions,
     gamma_arrivals,
     poisson_arrivals,
@@ -40,6 +41,7 @@ __all__ = [
     "TraceChecksumError",
     "TraceFormatError",
     "TraceNotFoundError",
+    "at_request_rate",
     "download_trace",
     "from_distributions",
     "gamma_arrivals",

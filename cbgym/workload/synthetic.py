@@ -27,6 +27,7 @@ __all__ = [
     "TRACE_SIZE",
     "LengthMixture",
     "from_distributions",
+    "at_request_rate",
     "gamma_arrivals",
     "poisson_arrivals",
     "synthetic_trace",
@@ -200,6 +201,27 @@ def gamma_arrivals(
     shape = 1.0 / cv**2
     gaps = _rng(rng).gamma(shape, 1.0 / (rate * shape), size=num_requests - 1)
     return np.concatenate(([0.0], np.cumsum(gaps)))
+
+
+def at_request_rate(trace: Trace, rate: float, burstiness: float = 1.0,
+                    seed: int = 0) -> Trace:
+    """``trace``'s requests (token counts, order) sent as vLLM's benchmark sends them at
+    ``--request-rate rate --burstiness b``: Gamma inter-arrival times with shape ``b`` and
+    mean ``1 / rate`` (b = 1: Poisson; below 1 burstier, above 1 more regular; the gap CV is
+    ``1 / sqrt(b)``), the first at 0. An alternative to rescaling to a load.
+
+    Raises:
+        ValueError: a rate or burstiness that is not a finite number > 0.
+    """
+    if isinstance(burstiness, bool) or not (isinstance(burstiness, int | float)
+                                            and 0 < burstiness < np.inf):
+        raise ValueError(f"burstiness={burstiness!r}: expected a finite number > 0 (vLLM's "
+                         "Gamma shape; 1 = Poisson)")
+    if isinstance(rate, bool) or not (isinstance(rate, int | float) and 0 < rate < np.inf):
+        raise ValueError(f"request_rate={rate!r}: expected a finite number of requests/s > 0")
+    arrival = gamma_arrivals(len(trace), float(rate), 1.0 / float(burstiness) ** 0.5,
+                             np.random.default_rng(seed))
+    return trace.with_arrivals(arrival, name=f"{trace.name}@{rate:g}rps,b={burstiness:g}")
 
 
 def _draw(spec: int | ArrayLike | Sampler, rng: np.random.Generator, n: int) -> np.ndarray:
