@@ -241,3 +241,46 @@ def test_simulate_request_rate_and_burstiness(capsys: pytest.CaptureFixture[str]
                                                  "--load", "0.8", "--request-rate", "2"])
     assert "--request-rate" in one_error_line(capsys, ["simulate", "--trace",
                                                        "synthetic-code", "--burstiness", "2"])
+
+
+POLICY_MODULE = '''
+from cbgym.agents import FCFS
+
+
+class MyFCFS(FCFS):
+    """A policy of the user's own (an FCFS under another name)."""
+
+    name = "my-fcfs"
+'''
+
+
+def test_custom_policies_reach_the_worker_processes(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 15: a policy added to POLICIES at run time was invisible to bench's workers; a
+    ``module:Class`` spec and an installed package's ``cbgym.policies`` entry point are
+    built in every process."""
+    from cbgym.agents import make_policy
+
+    (tmp_path / "my_policies.py").write_text(POLICY_MODULE)
+    dist = tmp_path / "my_policies-0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: my-policies\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text("[cbgym.policies]\nmine = my_policies:MyFCFS\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))  # (spawned workers)
+    assert type(make_policy("my_policies:MyFCFS")).__name__ == "MyFCFS"
+    assert type(make_policy("mine")).__name__ == "MyFCFS"
+    out = tmp_path / "out"
+    assert main(["bench", "--trace", "synthetic-code",
+                 "--policies", "fcfs,my_policies:MyFCFS,mine",
+                 "--loads", "0.8", "--windows", "2", "--window-requests", "150",
+                 "--capacity-sample", "150", "--workers", "2", "--quiet", "--no-plots",
+                 "--out", str(out)]) == 0
+    rows = pd.read_csv(out / "results.csv")
+    by = rows.groupby("policy")["goodput_rps"].mean()
+    assert by["my_policies:MyFCFS"] == by["fcfs"] == by["mine"]
+    for bad, says in (("my_policies:Nope", "has no 'Nope'"), ("no_such.mod:X", "cannot import"),
+                      ("json:loads", "not a cbgym Policy")):
+        with pytest.raises(ValueError, match=says):
+            make_policy(bad)

@@ -69,24 +69,77 @@ POLICIES: dict[str, type[Policy]] = {
 }
 
 
+ENTRY_POINT_GROUP = "cbgym.policies"
+
+
 def make_policy(spec: str) -> Policy:
     """Build a policy from a name, optionally with one argument after a colon.
 
     Examples: ``"fcfs"``, ``"noisy-oracle:0.8"``, ``"cb-sjf-work-aging:0.5"``,
-    ``"learned:path/to/model.zip"``.
+    ``"learned:path/to/model.zip"``. A policy of your own: ``"package.module:Class"`` (or
+    ``"package.module:Class:ARG"``), imported wherever the spec is built, so ``cbgym
+    bench``'s worker processes build it too (a class added to ``POLICIES`` at run time
+    exists only in the process that added it); or a name an installed package registers
+    in the ``cbgym.policies`` entry-point group (``name = "package.module:Class"``).
 
     Raises:
-        ValueError: unknown name (the message lists the known ones), or a bad argument (the
-            message names the parameter).
+        ValueError: unknown name (the message lists the known ones), a module or class that
+            cannot be imported, or a bad argument (the message names the parameter).
     """
     name, colon, arg = spec.partition(":")
-    if name not in POLICIES:
-        raise ValueError(f"unknown policy {name!r}; known: {', '.join(sorted(POLICIES))}")
-    cls = POLICIES[name]
+    cls = POLICIES.get(name) or _installed(name)
+    if cls is None:
+        cls = _imported(name, arg)
+        if cls is None:
+            raise ValueError(f"unknown policy {name!r}; known: {', '.join(sorted(POLICIES))}"
+                             " (or module.path:Class, or an installed package's "
+                             f"{ENTRY_POINT_GROUP} entry point)")
+        cls_name, colon, arg = arg.partition(":")  # module:Class[:ARG]
+        name = f"{name}:{cls_name}"
+    cls = _checked(cls, name)
     if not colon:
         return cls()
     check_arity(cls, name, [arg])
     return cls(arg)  # type: ignore[call-arg]
+
+
+def _installed(name: str) -> type | None:
+    """The class an installed package registers as ``name`` (entry points)."""
+    from importlib.metadata import entry_points
+
+    for ep in entry_points(group=ENTRY_POINT_GROUP, name=name):
+        try:
+            return ep.load()  # type: ignore[no-any-return]
+        except Exception as exc:  # (whatever the package raises: say which entry point)
+            raise ValueError(f"policy {name!r}: entry point {ep.value!r} of "
+                             f"{ENTRY_POINT_GROUP} failed to load: {exc}") from exc
+    return None
+
+
+def _imported(module: str, rest: str) -> type | None:
+    """``module:Class`` (``rest`` starts with the class name); None unless ``module`` is a
+    dotted or importable module path."""
+    import importlib
+
+    cls_name = rest.partition(":")[0]
+    if not cls_name:
+        return None
+    try:
+        mod = importlib.import_module(module)
+    except ImportError as exc:
+        if "." in module:
+            raise ValueError(f"policy {module}:{cls_name}: cannot import {module!r}: "
+                             f"{exc}") from exc
+        return None
+    if not hasattr(mod, cls_name):
+        raise ValueError(f"policy {module}:{cls_name}: module {module!r} has no {cls_name!r}")
+    return getattr(mod, cls_name)  # type: ignore[no-any-return]
+
+
+def _checked(cls: object, name: str) -> type[Policy]:
+    if not (isinstance(cls, type) and issubclass(cls, Policy)):
+        raise ValueError(f"policy {name!r}: {cls!r} is not a cbgym Policy subclass")
+    return cls
 
 
 __all__ = [
