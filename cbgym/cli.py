@@ -306,11 +306,14 @@ def _simulate_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser
     p = sub.add_parser("simulate", help="one run, printing its summary",
                        description=SIMULATE_DESCRIPTION, formatter_class=_HelpFormatter)
     run = p.add_argument_group("run")
-    run.add_argument("--trace", default=FALLBACK_TRACE, metavar="NAME",
-                     help="catalogue name or file path")
+    run.add_argument("--trace", default=None, metavar="NAME",
+                     help="catalogue name or file path; default as cbgym bench's: "
+                          f"{DEFAULT_TRACE} if found locally, else {FALLBACK_TRACE}")
     run.add_argument("--policy", default="fcfs", metavar="P", help="policy spec")
-    run.add_argument("--load", type=T.load, default=None, metavar="RHO",
-                     help="rescale arrivals to this offered load (default: as recorded)")
+    run.add_argument("--load", type=T.load_or_recorded, default=None, metavar="RHO",
+                     help=f"rescale arrivals to this offered load ('recorded': the trace's "
+                          f"own times); default {DEFAULT_LOADS}, as cbgym bench's, unless "
+                          "--request-rate is given")
     run.add_argument("--request-rate", type=T.positive_float, default=None, metavar="R",
                      help="instead of --load: send the requests at R req/s as vLLM's "
                           "benchmark does (Gamma gaps, shape --burstiness)")
@@ -343,6 +346,15 @@ def _cmd_simulate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
 
     _or_fail(parser, "--policy", lambda: check_policy(args.policy))
     out = T.out_dir(parser, args.out) if args.out else None
+    if args.trace is None:  # (as cbgym bench chooses; said on stderr: --json stays clean)
+        args.trace, chosen = _default_trace(args.download)
+        print(chosen, file=sys.stderr)
+    if args.load is not None and args.request_rate is not None:
+        parser.error("--request-rate: give --load or --request-rate, not both")
+    if args.load is None:
+        args.load = None if args.request_rate is not None else float(DEFAULT_LOADS)
+    elif args.load == "recorded":
+        args.load = None
     engine = _or_fail(parser, "--engine",
                       lambda: resolve_engine(args.engine, _engine_overrides(args)))
     trace = _or_fail(parser, "--trace", lambda: resolve_trace(args.trace, args.download))
@@ -350,8 +362,6 @@ def _cmd_simulate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
     window = _or_fail(parser, "--start/--requests", lambda: trace.window(args.start, count))
     if args.load is not None:
         _or_fail(parser, "--load", lambda: scalable(args.trace, window))
-        if args.request_rate is not None:
-            parser.error("--request-rate: give --load or --request-rate, not both")
     if args.burstiness != 1.0 and args.request_rate is None:
         parser.error("--burstiness: shapes --request-rate's arrivals; give --request-rate")
     res = simulate(window, args.policy, engine, load=args.load, seed=args.seed,

@@ -71,6 +71,11 @@ def load(text: str) -> float:
         ) from None
 
 
+def load_or_recorded(text: str) -> float | str:
+    """``cbgym simulate --load``: a load, or ``"recorded"`` (the trace's own arrival times)."""
+    return "recorded" if text.strip().lower() == "recorded" else load(text)
+
+
 def fraction(text: str) -> float:
     try:
         value = float(text)

@@ -284,3 +284,20 @@ def test_custom_policies_reach_the_worker_processes(
                       ("json:loads", "not a cbgym Policy")):
         with pytest.raises(ValueError, match=says):
             make_policy(bad)
+
+
+def test_bare_simulate_uses_the_bench_defaults(capsys: pytest.CaptureFixture[str],
+                                               monkeypatch: pytest.MonkeyPatch,
+                                               tmp_path: Path) -> None:
+    """Issue 15: bare ``cbgym simulate`` replayed the synthetic trace as recorded on the
+    study's engine (0% SLO attainment, 3,000 s queues); it now runs bench's default cell."""
+    monkeypatch.setenv("CBGYM_TRACE_DIR", str(tmp_path))  # (no trace found: the fallback)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    assert main(["simulate", "--requests", "400", "--json"]) == 0
+    captured = capsys.readouterr()
+    summary = json.loads(captured.out)
+    assert "synthetic-conv" in captured.err and summary["trace"] == "synthetic-conv"
+    assert summary["load"] == 0.9 and summary["engine"] == "cbsjf-paper"
+    assert summary["slo_attainment"] > 0.3
+    assert main(["simulate", "--requests", "400", "--load", "recorded", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["load"] is None
