@@ -7,8 +7,10 @@ How a sweep runs:
    windows are disjoint whenever ``N * M <= n`` and overlap evenly otherwise; a window longer
    than the trace is the whole trace. Placement is deterministic: no seed is involved.
 2. The capacity mu of every (window, engine) pair is measured once, by saturation (the
-   window's first ``capacity_sample`` requests released at t=0 under FCFS, as the study does),
-   in the worker pool.
+   window's first ``capacity_sample`` requests released at t=0 under FCFS), in the worker
+   pool; with ``capacity="per-trace"`` once per (trace, engine), on the first window (the
+   trace's first requests), and used for every window of the trace, as the study measures
+   it once per trace.
 3. Every cell (policy, load, window, engine, seed) replays the same window, rescaled to the same
    arrivals with that one mu (common random numbers: differences are the policies'), in
    parallel worker processes. The seed reaches only randomised policies (``random``,
@@ -74,6 +76,8 @@ class BenchConfig:
         starvation_multiple: starvation threshold as a multiple of the FCFS median wait.
         cdf_load: load whose latency CDFs are kept and plotted (None: the highest).
         capacity_sample: requests released at t=0 to measure capacity.
+        capacity: ``"per-window"`` (each window's own mu) or ``"per-trace"`` (one mu per
+            trace and engine, the study's).
         workers: worker processes (None: ``os.cpu_count()``; 1 runs in this process).
         download: whether missing catalogue traces may be downloaded.
     """
@@ -96,6 +100,7 @@ class BenchConfig:
     starvation_multiple: float = study.STARVATION_MULTIPLE
     cdf_load: float | None = None
     capacity_sample: int = CAPACITY_SAMPLE
+    capacity: str = "per-window"
     workers: int | None = None
     download: bool = False
 
@@ -115,6 +120,7 @@ class BenchConfig:
             (self.cdf_load is None or self.cdf_load in self.loads, "cdf_load",
              "one of the loads"),
             (self.capacity_sample >= 2, "capacity_sample", "an integer >= 2"),
+            (self.capacity in CAPACITY_MODES, "capacity", "'per-window' or 'per-trace'"),
             (self.workers is None or self.workers >= 1, "workers", "an integer >= 1"),
             (self.preemption in (None, "recompute", "swap"), "preemption",
              "'recompute' or 'swap'"),
@@ -265,6 +271,9 @@ def _first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
+CAPACITY_MODES = ("per-window", "per-trace")
+
+
 def window_starts(num_requests: int, windows: int, count: int) -> list[int]:
     """Evenly spaced window starts: disjoint when ``windows * count <= num_requests``.
 
@@ -408,8 +417,10 @@ def _executor(workers: int, windows: dict[tuple[str, int], Trace],
 def _measure_capacities(pool: Executor, windows: dict[tuple[str, int], Trace],
                         engines: dict[str, EngineConfig], cfg: BenchConfig, progress: bool
                         ) -> dict[tuple[str, int, str], float]:
+    # (per trace: the first window only, window 0 starting at the trace's first request)
+    measured = [(t, w) for (t, w) in windows if cfg.capacity == "per-window" or w == 0]
     jobs = {pool.submit(capacity_task, t, w, e, cfg.capacity_sample): (t, w, e)
-            for (t, w) in windows for e in engines}
+            for (t, w) in measured for e in engines}
     capacity: dict[tuple[str, int, str], float] = {}
     bar = tqdm(total=len(jobs), desc="capacity", unit="window", disable=not progress,
                leave=False)
@@ -417,6 +428,9 @@ def _measure_capacities(pool: Executor, windows: dict[tuple[str, int], Trace],
         capacity[jobs[fut]] = fut.result()
         bar.update()
     bar.close()
+    for t, w in windows:
+        for e in engines:
+            capacity.setdefault((t, w, e), capacity[(t, 0, e)])
     return capacity
 
 

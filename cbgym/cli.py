@@ -102,7 +102,8 @@ share (marginal work; simulated engine time under FCFS).
 
 Every policy replays the same windows with the same arrivals: capacity mu is measured once per
 (window, engine) by saturation (the window's first --capacity-sample requests at t=0 under
-FCFS) and arrivals are affinely rescaled to rho = lambda / mu. Windows are consecutive requests,
+FCFS; --capacity per-trace: once per trace, on its first window, as the study does) and
+arrivals are affinely rescaled to rho = lambda / mu. Windows are consecutive requests,
 evenly spaced over the trace (disjoint when windows x window-requests <= trace length).
 
 With no options: a short benchmark of fcfs, cb-sjf-work and oracle-work at rho = 0.9 on
@@ -151,6 +152,9 @@ def _bench_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                        metavar="S[,S...]", help="seeds for randomised policies")
     sweep.add_argument("--capacity-sample", type=T.int_at_least(2), default=4000, metavar="K",
                        help="requests released at t=0 to measure capacity (the study: 4,000)")
+    sweep.add_argument("--capacity", choices=("per-window", "per-trace"), default="per-window",
+                       help="measure mu on each window, or once per trace on its first "
+                            "window (the study's)")
     sweep.add_argument("--download", action="store_true",
                        help="download missing catalogue traces into the user cache")
     _add_engine_options(p, plural=True)
@@ -226,7 +230,8 @@ def _bench_config(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
         prefix_caching=over.get("enable_prefix_caching", False),
         ttft_s=args.ttft, tpot_s=args.tpot, warmup=args.warmup,
         starvation_multiple=args.starvation_multiple, cdf_load=args.cdf_load,
-        capacity_sample=args.capacity_sample, workers=args.workers or os.cpu_count() or 1,
+        capacity_sample=args.capacity_sample, capacity=args.capacity,
+        workers=args.workers or os.cpu_count() or 1,
         download=args.download))
 
 

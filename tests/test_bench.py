@@ -301,3 +301,19 @@ def test_bare_simulate_uses_the_bench_defaults(capsys: pytest.CaptureFixture[str
     assert summary["slo_attainment"] > 0.3
     assert main(["simulate", "--requests", "400", "--load", "recorded", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["load"] is None
+
+
+def test_capacity_per_trace_is_one_mu_for_every_window() -> None:
+    """Issue 15/16: the study measures capacity once per trace; per window is the default."""
+    def mus(mode: str) -> pd.Series:
+        cfg = BenchConfig(traces=("synthetic-code",), policies=("fcfs",), loads=(0.8,),
+                          windows=3, window_requests=150, capacity_sample=150, workers=1,
+                          capacity=mode)
+        rows = run_bench(cfg).results
+        return rows.groupby("window")["capacity_rps"].first()
+
+    per_window, per_trace = mus("per-window"), mus("per-trace")
+    assert per_window.nunique() == 3 and per_trace.nunique() == 1
+    assert per_trace.iloc[0] == per_window.loc[0]
+    with pytest.raises(ValueError, match="capacity"):
+        BenchConfig(traces=("x",), policies=("fcfs",), loads=(0.8,), capacity="weekly")
