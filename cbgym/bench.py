@@ -333,17 +333,30 @@ def run_cell(cell: Cell, settings: CellSettings) -> CellOutput:
 
 
 def run_bench(cfg: BenchConfig, progress: bool = True,
-              log: Callable[[str], None] | None = None) -> BenchResult:
+              log: Callable[[str], None] | None = None, backend: str = "process",
+              address: str | None = None) -> BenchResult:
     """Run a sweep and return its tables (nothing is written; see :func:`write_outputs`).
 
     Args:
         cfg: the sweep.
         progress: show tqdm progress bars (on stderr).
         log: where to send one-line notes (e.g. ``print``); None: nowhere.
+        backend: ``"process"`` (worker processes on this machine) or ``"ray"`` (Ray tasks:
+            :mod:`cbgym.bench_ray`; the same results).
+        address: with ``backend="ray"``, the Ray cluster to join (None: a local one of
+            ``cfg.workers`` CPUs, or the one this process has already joined).
 
     Raises:
         ValueError: a trace, engine or policy that cannot be resolved (one-line message).
     """
+    if backend not in ("process", "ray"):
+        raise ValueError(f"backend={backend!r}: expected 'process' or 'ray'")
+    if address is not None and backend != "ray":
+        raise ValueError("address= is for backend='ray'")
+    if backend == "ray":
+        from cbgym.bench_ray import ray_module
+
+        ray_module()  # (a missing extra fails before any work)
     started = time.perf_counter()
     say = log or (lambda _msg: None)
     for spec in cfg.policies:
@@ -354,7 +367,7 @@ def run_bench(cfg: BenchConfig, progress: bool = True,
     for note in notes:
         say(note)
     workers = cfg.workers if cfg.workers is not None else (os.cpu_count() or 1)
-    with _executor(workers, windows, engines) as pool:
+    with _executor(workers, windows, engines, backend, address) as pool:
         capacity = _measure_capacities(pool, windows, engines, cfg, progress)
         cells = _plan_cells(cfg, windows, engines, capacity)
         outputs = _run_cells(pool, cells, cfg, progress)
@@ -403,7 +416,12 @@ class _InlineExecutor(Executor):
 
 
 def _executor(workers: int, windows: dict[tuple[str, int], Trace],
-              engines: dict[str, EngineConfig]) -> Executor:
+              engines: dict[str, EngineConfig], backend: str = "process",
+              address: str | None = None) -> Executor:
+    if backend == "ray":
+        from cbgym.bench_ray import RayExecutor
+
+        return RayExecutor(windows, engines, workers, address)
     if workers == 1:
         _init_worker(windows, engines)
         return _InlineExecutor()

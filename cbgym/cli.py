@@ -183,6 +183,10 @@ def _bench_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     run.add_argument("--workers", type=T.int_at_least(1), default=None, metavar="N",
                      help="worker processes; 1 runs everything in this process (default: "
                           f"os.cpu_count(), {os.cpu_count()} here)")
+    run.add_argument("--backend", choices=("process", "ray"), default="process",
+                     help="worker processes here, or Ray tasks (pip install 'cbgym[ray]')")
+    run.add_argument("--address", default=None, metavar="ADDR",
+                     help="with --backend ray: the Ray cluster to join (default: a local one)")
     run.add_argument("--out", default=None, metavar="DIR",
                      help="write CSVs, config.json and PNGs here (default: print only)")
     run.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
@@ -268,7 +272,14 @@ def _cmd_bench(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
     if chosen:
         print(chosen)
     log = None if args.quiet else (lambda msg: print(msg, file=sys.stderr))
-    result = run_bench(cfg, progress=not args.quiet, log=log)
+    if args.address is not None and args.backend != "ray":
+        parser.error("--address: only with --backend ray")
+    if args.backend == "ray":
+        from cbgym.bench_ray import ray_module
+
+        _or_fail(parser, "--backend", ray_module)
+    result = run_bench(cfg, progress=not args.quiet, log=log, backend=args.backend,
+                       address=args.address)
     print(format_table(result))
     _print_headline(result)
     if args.out:
