@@ -1,0 +1,33 @@
+"""``tools/tune_aging.py``: a Ray Tune sweep of the aging weight on a task's validation
+windows, on a local Ray."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("ray.tune")
+
+PATH = Path(__file__).resolve().parents[1] / "tools" / "tune_aging.py"
+
+
+def test_tune_example_runs_a_two_point_sweep(tmp_path: Path) -> None:
+    """A two-point grid, each trial the task's validation score."""
+    import ray
+
+    spec = importlib.util.spec_from_file_location("tune_aging", PATH)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        grid = mod.sweep("conv-study-overload", [0.5, 2.0], references=["slo-edf"],
+                         storage=str(tmp_path))
+    finally:
+        ray.shutdown()
+    assert len(grid) == 2 and not grid.errors
+    scores = {r.config["weight"]: r.metrics["score"] for r in grid}
+    assert set(scores) == {0.5, 2.0}
+    assert grid.get_best_result().metrics["score"] == max(scores.values())
