@@ -8,9 +8,9 @@ How a sweep runs:
    than the trace is the whole trace. Placement is deterministic: no seed is involved.
 2. The capacity mu of every (window, engine) pair is measured once, by saturation (the
    window's first ``capacity_sample`` requests released at t=0 under FCFS), in the worker
-   pool; with ``capacity="per-trace"`` once per (trace, engine), on the first window (the
-   trace's first requests), and used for every window of the trace, as the study measures
-   it once per trace.
+   pool; with ``capacity="per-trace"`` once per (trace, engine), on the trace's first
+   ``capacity_sample`` requests, and used for every window of the trace, as the study
+   measures it once per trace.
 3. Every cell (policy, load, window, engine, seed) replays the same window, rescaled to the same
    arrivals with that one mu (common random numbers: differences are the policies'), in
    parallel worker processes. The seed reaches only randomised policies (``random``,
@@ -367,7 +367,11 @@ def run_bench(cfg: BenchConfig, progress: bool = True,
     for note in notes:
         say(note)
     workers = cfg.workers if cfg.workers is not None else (os.cpu_count() or 1)
-    with _executor(workers, windows, engines, backend, address) as pool:
+    # per trace: mu from the trace's first capacity_sample requests (a window of its own,
+    # numbered -1, sent with the windows but never run)
+    sample = {(name, -1): tr.window(0, min(cfg.capacity_sample, len(tr)))
+              for name, tr in traces.items()} if cfg.capacity == "per-trace" else {}
+    with _executor(workers, {**windows, **sample}, engines, backend, address) as pool:
         capacity = _measure_capacities(pool, windows, engines, cfg, progress)
         cells = _plan_cells(cfg, windows, engines, capacity)
         outputs = _run_cells(pool, cells, cfg, progress)
@@ -435,8 +439,8 @@ def _executor(workers: int, windows: dict[tuple[str, int], Trace],
 def _measure_capacities(pool: Executor, windows: dict[tuple[str, int], Trace],
                         engines: dict[str, EngineConfig], cfg: BenchConfig, progress: bool
                         ) -> dict[tuple[str, int, str], float]:
-    # (per trace: the first window only, window 0 starting at the trace's first request)
-    measured = [(t, w) for (t, w) in windows if cfg.capacity == "per-window" or w == 0]
+    per_trace = cfg.capacity == "per-trace"
+    measured = sorted({(t, -1) for t, _ in windows}) if per_trace else list(windows)
     jobs = {pool.submit(capacity_task, t, w, e, cfg.capacity_sample): (t, w, e)
             for (t, w) in measured for e in engines}
     capacity: dict[tuple[str, int, str], float] = {}
@@ -446,9 +450,8 @@ def _measure_capacities(pool: Executor, windows: dict[tuple[str, int], Trace],
         capacity[jobs[fut]] = fut.result()
         bar.update()
     bar.close()
-    for t, w in windows:
-        for e in engines:
-            capacity.setdefault((t, w, e), capacity[(t, 0, e)])
+    if per_trace:
+        capacity = {(t, w, e): capacity[(t, -1, e)] for t, w in windows for e in engines}
     return capacity
 
 

@@ -102,7 +102,7 @@ share (marginal work; simulated engine time under FCFS).
 
 Every policy replays the same windows with the same arrivals: capacity mu is measured once per
 (window, engine) by saturation (the window's first --capacity-sample requests at t=0 under
-FCFS; --capacity per-trace: once per trace, on its first window, as the study does) and
+FCFS; --capacity per-trace: once per trace, on its first requests, as the study does) and
 arrivals are affinely rescaled to rho = lambda / mu. Windows are consecutive requests,
 evenly spaced over the trace (disjoint when windows x window-requests <= trace length).
 
@@ -154,7 +154,7 @@ def _bench_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                        help="requests released at t=0 to measure capacity (the study: 4,000)")
     sweep.add_argument("--capacity", choices=("per-window", "per-trace"), default="per-window",
                        help="measure mu on each window, or once per trace on its first "
-                            "window (the study's)")
+                            "--capacity-sample requests (the study's)")
     sweep.add_argument("--download", action="store_true",
                        help="download missing catalogue traces into the user cache")
     _add_engine_options(p, plural=True)
@@ -251,6 +251,8 @@ def _cmd_bench(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
     from cbgym.bench import format_table, run_bench, write_outputs
 
     chosen = None
+    if args.address is not None and args.backend != "ray":
+        parser.error("--address: only with --backend ray")
     if args.out:
         T.out_dir(parser, args.out)
     if args.noisy_neighbour:
@@ -272,14 +274,17 @@ def _cmd_bench(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
     if chosen:
         print(chosen)
     log = None if args.quiet else (lambda msg: print(msg, file=sys.stderr))
-    if args.address is not None and args.backend != "ray":
-        parser.error("--address: only with --backend ray")
     if args.backend == "ray":
         from cbgym.bench_ray import ray_module
 
         _or_fail(parser, "--backend", ray_module)
-    result = run_bench(cfg, progress=not args.quiet, log=log, backend=args.backend,
-                       address=args.address)
+    from cbgym.bench_ray import RayStartError
+
+    try:
+        result = run_bench(cfg, progress=not args.quiet, log=log, backend=args.backend,
+                           address=args.address)
+    except RayStartError as exc:
+        parser.error(f"--backend ray: {exc}")
     print(format_table(result))
     _print_headline(result)
     if args.out:

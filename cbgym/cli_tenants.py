@@ -61,7 +61,8 @@ def cmd_overload(args: argparse.Namespace, parser: argparse.ArgumentParser,
     _reject(args, parser, "--overload", ("--routers", "--share", "--capacity-sample",
                                          "--cdf-load", "--starvation-multiple", "--workers",
                                          "--engine", "--max-num-seqs", "--preemption",
-                                         "--max-num-batched-tokens", "--no-chunked-prefill"))
+                                         "--max-num-batched-tokens", "--no-chunked-prefill",
+                                         "--backend", "--address", "--capacity"))
     if not args.timeout > 0:
         parser.error(f"--timeout: {args.timeout!r}, expected seconds > 0")
     if args.retries < 0:
@@ -112,7 +113,7 @@ def cmd_noisy_neighbour(args: argparse.Namespace, parser: argparse.ArgumentParse
     _reject(args, parser, "--noisy-neighbour", (
         "--cluster", "--routers", "--timeout", "--retries", "--abandon", "--windows",
         "--seeds", "--capacity-sample", "--cdf-load", "--starvation-multiple", "--workers",
-        "--ttft", "--tpot", "--tbt"))
+        "--ttft", "--tpot", "--tbt", "--backend", "--address", "--capacity"))
     if not 0 < args.share < 1:
         parser.error(f"--share: {args.share!r}, expected in (0, 1)")
     policies = args.policies if _given(args, parser, "policies") else POLICIES

@@ -281,7 +281,8 @@ def test_custom_policies_reach_the_worker_processes(
     by = rows.groupby("policy")["goodput_rps"].mean()
     assert by["my_policies:MyFCFS"] == by["fcfs"] == by["mine"]
     for bad, says in (("my_policies:Nope", "has no 'Nope'"), ("no_such.mod:X", "cannot import"),
-                      ("json:loads", "not a cbgym Policy")):
+                      ("json:JSONDecoder", "not a cbgym Policy"),
+                      ("this:zen", "unknown policy 'this'")):  # (a typo imports nothing)
         with pytest.raises(ValueError, match=says):
             make_policy(bad)
 
@@ -307,13 +308,20 @@ def test_capacity_per_trace_is_one_mu_for_every_window() -> None:
     """Issue 15/16: the study measures capacity once per trace; per window is the default."""
     def mus(mode: str) -> pd.Series:
         cfg = BenchConfig(traces=("synthetic-code",), policies=("fcfs",), loads=(0.8,),
-                          windows=3, window_requests=150, capacity_sample=150, workers=1,
+                          windows=3, window_requests=150, capacity_sample=400, workers=1,
                           capacity=mode)
         rows = run_bench(cfg).results
         return rows.groupby("window")["capacity_rps"].first()
 
+    from cbgym.capacity import measure_capacity
+    from cbgym.engine import EngineConfig
+    from cbgym.workload import load_trace
+
     per_window, per_trace = mus("per-window"), mus("per-trace")
     assert per_window.nunique() == 3 and per_trace.nunique() == 1
-    assert per_trace.iloc[0] == per_window.loc[0]
+    # the trace's first 400 requests, not window 0's 150 (the study's sample)
+    first = load_trace("synthetic-code").window(0, 400)
+    assert per_trace.iloc[0] == measure_capacity(first, EngineConfig(preset="cbsjf-paper"),
+                                                 sample=400) != per_window.loc[0]
     with pytest.raises(ValueError, match="capacity"):
         BenchConfig(traces=("x",), policies=("fcfs",), loads=(0.8,), capacity="weekly")

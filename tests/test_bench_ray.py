@@ -55,3 +55,22 @@ def test_cli_ray_backend_writes_the_same_csv(tmp_path, capsys) -> None:  # type:
     with pytest.raises(SystemExit):
         main([*argv, "--address", "127.0.0.1:6379"])
     assert "--address: only with --backend ray" in capsys.readouterr().err
+
+
+def test_a_joined_ray_runs_two_sweeps_on_one_worker() -> None:
+    """A Ray this process started already is used and left running; its one worker holds a
+    sweep's windows between tasks and swaps them for the next sweep's."""
+    ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False)
+    try:
+        for trace in ("synthetic-code", "synthetic-conv"):
+            cfg = BenchConfig(**{**TINY, "traces": (trace,), "seeds": (0,)})
+            key = ["trace", "window", "engine", "policy", "load", "seed"]
+            a, b = (run_bench(cfg, progress=False, backend=k).results[SAME]
+                    .sort_values(key).reset_index(drop=True) for k in ("process", "ray"))
+            pd.testing.assert_frame_equal(a, b, check_exact=True)
+            assert ray.is_initialized()
+        with pytest.raises(ValueError, match="joined a Ray cluster already"):
+            run_bench(BenchConfig(**TINY), progress=False, backend="ray",
+                      address="127.0.0.1:6379")
+    finally:
+        ray.shutdown()

@@ -17,6 +17,13 @@ def test_tune_example_runs_a_two_point_sweep(tmp_path: Path) -> None:
     """A two-point grid, each trial the task's validation score."""
     import ray
 
+    from cbgym.workload import load_trace
+    from cbgym.workload.catalog import TraceNotFoundError
+
+    try:
+        load_trace("azure-conv-2023", download=False)
+    except TraceNotFoundError:
+        pytest.skip("azure-conv-2023 is not available here (CBGYM_TRACE_DIR)")
     spec = importlib.util.spec_from_file_location("tune_aging", PATH)
     assert spec is not None and spec.loader is not None
     mod = importlib.util.module_from_spec(spec)

@@ -49,7 +49,8 @@ def init_ray(num_cpus: int | None = None, address: str | None = None) -> None:
     import ray
 
     env_vars = {k: os.environ[k] for k in ("CBGYM_TRACE_DIR",) if k in os.environ}
-    ray.init(address=address, num_cpus=None if address else num_cpus, include_dashboard=False,
+    ray.init(address=address or "local", num_cpus=None if address else num_cpus,
+             include_dashboard=False,
              log_to_driver=False, runtime_env={"env_vars": env_vars} if env_vars else None)
 
 

@@ -117,20 +117,24 @@ def _installed(name: str) -> type | None:
 
 
 def _imported(module: str, rest: str) -> type | None:
-    """``module:Class`` (``rest`` starts with the class name); None unless ``module`` is a
-    dotted or importable module path."""
+    """``module:Class`` (``rest`` starts with the class name, a capitalised identifier, so a
+    misspelled ``name:ARG`` never imports anything); None if it is not such a spec, or its
+    module does not exist."""
     import importlib
 
     cls_name = rest.partition(":")[0]
-    if not cls_name:
+    if not (cls_name.isidentifier() and cls_name[0].isupper()):
         return None
     try:
         mod = importlib.import_module(module)
-    except ImportError as exc:
-        if "." in module:
-            raise ValueError(f"policy {module}:{cls_name}: cannot import {module!r}: "
-                             f"{exc}") from exc
-        return None
+    except ModuleNotFoundError as exc:
+        if exc.name == module and "." not in module:
+            return None  # (not a module: an unknown policy name)
+        raise ValueError(f"policy {module}:{cls_name}: cannot import {module!r}: "
+                         f"{exc}") from exc
+    except Exception as exc:  # (whatever the module raises on import: one line)
+        raise ValueError(f"policy {module}:{cls_name}: importing {module!r} failed: "
+                         f"{type(exc).__name__}: {exc}") from exc
     if not hasattr(mod, cls_name):
         raise ValueError(f"policy {module}:{cls_name}: module {module!r} has no {cls_name!r}")
     return getattr(mod, cls_name)  # type: ignore[no-any-return]

@@ -56,7 +56,9 @@ def cmd_cluster_bench(args: argparse.Namespace, parser: argparse.ArgumentParser,
     ignored = [opt for opt, dest in (("--capacity-sample", "capacity_sample"),
                                      ("--warmup", "warmup"), ("--workers", "workers"),
                                      ("--cdf-load", "cdf_load"), ("--no-plots", "no_plots"),
-                                     ("--starvation-multiple", "starvation_multiple"))
+                                     ("--starvation-multiple", "starvation_multiple"),
+                                     ("--backend", "backend"), ("--address", "address"),
+                                     ("--capacity", "capacity"))
                if getattr(args, dest) != parser.get_default(dest)]
     if ignored:
         parser.error(f"{', '.join(ignored)}: not used with --cluster (one process, no study "

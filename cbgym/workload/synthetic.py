@@ -211,17 +211,25 @@ def at_request_rate(trace: Trace, rate: float, burstiness: float = 1.0,
     ``1 / sqrt(b)``), the first at 0. An alternative to rescaling to a load.
 
     Raises:
-        ValueError: a rate or burstiness that is not a finite number > 0.
+        ValueError: a rate or burstiness that is not a finite number > 0, or a session trace
+            (its closed-loop replay sends later turns after the previous ones end, whatever
+            their arrival times: rescale it to a load instead).
     """
-    if isinstance(burstiness, bool) or not (isinstance(burstiness, int | float)
+    from numbers import Real
+
+    if isinstance(burstiness, bool) or not (isinstance(burstiness, Real)
                                             and 0 < burstiness < np.inf):
         raise ValueError(f"burstiness={burstiness!r}: expected a finite number > 0 (vLLM's "
                          "Gamma shape; 1 = Poisson)")
-    if isinstance(rate, bool) or not (isinstance(rate, int | float) and 0 < rate < np.inf):
+    if isinstance(rate, bool) or not (isinstance(rate, Real) and 0 < rate < np.inf):
         raise ValueError(f"request_rate={rate!r}: expected a finite number of requests/s > 0")
-    arrival = gamma_arrivals(len(trace), float(rate), 1.0 / float(burstiness) ** 0.5,
-                             np.random.default_rng(seed))
-    return trace.with_arrivals(arrival, name=f"{trace.name}@{rate:g}rps,b={burstiness:g}")
+    if "session" in trace.extra:
+        raise ValueError(f"request_rate: trace {trace.name!r} has sessions, whose later turns "
+                         "are sent as earlier ones end; rescale it with load= instead")
+    b, r = float(burstiness), float(rate)
+    gaps = np.random.default_rng(seed).gamma(b, 1.0 / (r * b), size=max(len(trace) - 1, 0))
+    arrival = np.concatenate(([0.0], np.cumsum(gaps)))  # (vLLM's draw: shape b, scale 1/(r b))
+    return trace.with_arrivals(arrival, name=f"{trace.name}@{r:g}rps-b{b:g}")
 
 
 def _draw(spec: int | ArrayLike | Sampler, rng: np.random.Generator, n: int) -> np.ndarray:
