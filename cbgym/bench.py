@@ -22,7 +22,6 @@ How a sweep runs:
 
 from __future__ import annotations
 
-import json
 import multiprocessing
 import os
 import platform
@@ -30,8 +29,7 @@ import sys
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import Executor, Future, ProcessPoolExecutor, as_completed
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
@@ -39,14 +37,30 @@ import pandas as pd
 from tqdm import tqdm
 
 from cbgym import study
-from cbgym.capacity import CAPACITY_SAMPLE, measure_capacity
+from cbgym.bench_cells import (
+    CDF_LEVELS,
+    Cell,
+    CellOutput,
+    CellSettings,
+    _init_worker,
+    capacity_task,
+    run_cell,
+)
+from cbgym.bench_inputs import (
+    CAPACITY_MODES,
+    check_policy,
+    engine_overrides,
+    resolve_engine,
+    resolve_trace,
+    scalable,
+    window_starts,
+)
+from cbgym.bench_output import BenchResult, format_table, read_outputs, write_outputs
+from cbgym.capacity import CAPACITY_SAMPLE
 from cbgym.engine.config import EngineConfig
 from cbgym.metrics import SLO, config_dict
-from cbgym.workload.catalog import CATALOG, TraceNotFoundError, default_cache_dir, load_trace
 from cbgym.workload.trace import Trace
 
-# Quantile levels of normalised latency kept per run at the CDF load (for the CDF plot).
-CDF_LEVELS = np.round(np.concatenate([np.linspace(0, 0.99, 100), np.linspace(0.991, 1, 10)]), 4)
 # Columns that identify a row of results.csv; the rest are measurements.
 ID_COLUMNS = ["trace", "engine", "policy", "load", "window", "window_start", "window_requests",
               "seed", "capacity_rps", "offered_rps"]
@@ -59,7 +73,14 @@ class BenchConfig:
     Attributes:
         traces: catalogue names (``azure-conv-2023``, ``synthetic-conv``, ...) or file paths.
         policies: policy specs for :func:`cbgym.agents.make_policy` (``noisy-oracle:0.8``).
-        loads: offered loads rho = lambda / mu, each > 0.
+        loads: offered loads rho = lambda / mu, each > 0 (empty with ``request_rates``).
+        request_rates: instead of ``loads``, send each window at these rates (requests/s)
+            as vLLM's benchmark does (Gamma gaps of shape ``burstiness``, drawn with the
+            cell's seed: :func:`cbgym.workload.at_request_rate`). The sweep's axis is then
+            the rate: the ``load`` column of every table holds it, and ``results.csv``'s
+            ``rho`` says what load it is on that window (rate / mu).
+        burstiness: vLLM's ``--burstiness`` (1: Poisson; lower: burstier), with
+            ``request_rates`` only.
         engines: engine presets (``cbsjf-paper``, ``llama-2-13b/a100-80gb``, ...).
         windows: windows per trace.
         window_requests: requests per window (the study uses 20,000).
@@ -85,6 +106,8 @@ class BenchConfig:
     traces: tuple[str, ...]
     policies: tuple[str, ...]
     loads: tuple[float, ...]
+    request_rates: tuple[float, ...] = ()
+    burstiness: float = 1.0
     engines: tuple[str, ...] = ("cbsjf-paper",)
     windows: int = 2
     window_requests: int = 4000
@@ -108,8 +131,13 @@ class BenchConfig:
         checks = [
             (bool(self.traces), "traces", "at least one trace"),
             (bool(self.policies), "policies", "at least one policy"),
-            (bool(self.loads) and all(x > 0 and np.isfinite(x) for x in self.loads), "loads",
-             "loads > 0"),
+            (bool(self.loads) != bool(self.request_rates), "loads",
+             "loads or request_rates, not both"),
+            (all(x > 0 and np.isfinite(x) for x in self.points), "loads" if self.loads else
+             "request_rates", "values > 0"),
+            (np.isfinite(self.burstiness) and self.burstiness > 0
+             and (self.burstiness == 1.0 or bool(self.request_rates)), "burstiness",
+             "a shape > 0 for request_rates' arrivals"),
             (bool(self.engines), "engines", "at least one engine"),
             (self.windows >= 1, "windows", "an integer >= 1"),
             (self.window_requests >= 2, "window_requests", "an integer >= 2"),
@@ -117,8 +145,8 @@ class BenchConfig:
             (self.ttft_s > 0 and self.tpot_s > 0, "ttft_s/tpot_s", "SLOs > 0"),
             (0 <= self.warmup < 1, "warmup", "a fraction in [0, 1)"),
             (self.starvation_multiple > 0, "starvation_multiple", "a multiple > 0"),
-            (self.cdf_load is None or self.cdf_load in self.loads, "cdf_load",
-             "one of the loads"),
+            (self.cdf_load is None or self.cdf_load in self.points, "cdf_load",
+             "one of the loads (or request_rates)"),
             (self.capacity_sample >= 2, "capacity_sample", "an integer >= 2"),
             (self.capacity in CAPACITY_MODES, "capacity", "'per-window' or 'per-trace'"),
             (self.workers is None or self.workers >= 1, "workers", "an integer >= 1"),
@@ -135,198 +163,24 @@ class BenchConfig:
         return SLO(ttft_s=self.ttft_s, tpot_s=self.tpot_s)
 
     @property
+    def points(self) -> tuple[float, ...]:
+        """The sweep's axis: the loads, or the request rates."""
+        return self.request_rates or self.loads
+
+    @property
+    def axis(self) -> str:
+        """``"rho"`` or ``"request_rate"``: what the ``load`` columns hold."""
+        return "request_rate" if self.request_rates else "rho"
+
+    @property
     def plot_load(self) -> float:
-        """The load whose latency CDFs are kept."""
-        return self.cdf_load if self.cdf_load is not None else max(self.loads)
+        """The load (or rate) whose latency CDFs are kept."""
+        return self.cdf_load if self.cdf_load is not None else max(self.points)
 
     def engine_overrides(self) -> dict[str, Any]:
         """The EngineConfig fields this sweep sets on top of each preset."""
         return engine_overrides(self.max_num_seqs, self.max_num_batched_tokens, self.preemption,
                                 self.chunked_prefill, self.prefix_caching)
-
-
-@dataclass(frozen=True)
-class Cell:
-    """One simulation: a policy on one window of one trace, at one load, on one engine."""
-
-    trace: str
-    window: int
-    engine: str
-    policy: str
-    load: float
-    seed: int
-    capacity_rps: float
-
-
-@dataclass(frozen=True)
-class CellSettings:
-    """What every cell of a sweep shares."""
-
-    ttft_s: float
-    tpot_s: float
-    warmup: float
-    cdf_load: float
-
-
-@dataclass
-class CellOutput:
-    """A finished cell: its results.csv row, waiting times (for starvation), CDF quantiles."""
-
-    row: dict[str, Any]
-    waits: np.ndarray
-    cdf: np.ndarray | None
-
-
-@dataclass
-class BenchResult:
-    """A finished sweep.
-
-    Attributes:
-        results: one row per cell (``results.csv``).
-        table: the study's table, aggregated over windows and seeds (``summary.csv``).
-        headline: oracle gain recovered averaged over the study's headline loads.
-        accountings: the two accountings of the prefill share per trace, engine and load.
-        cdf: normalised-latency quantiles per run at the CDF load (long format).
-        config: the full configuration, versions and measured capacities.
-        elapsed_s: wall-clock seconds of the sweep.
-    """
-
-    results: pd.DataFrame
-    table: pd.DataFrame
-    headline: pd.DataFrame
-    accountings: pd.DataFrame
-    cdf: pd.DataFrame
-    config: dict[str, Any]
-    elapsed_s: float
-    notes: list[str] = field(default_factory=list)
-
-
-# ---------------------------------------------------------------- resolving the inputs
-
-
-def engine_overrides(max_num_seqs: int | None, max_num_batched_tokens: int | None,
-                     preemption: str | None, chunked_prefill: bool,
-                     prefix_caching: bool = False) -> dict[str, Any]:
-    """EngineConfig fields given on the command line, to set on top of a preset."""
-    over: dict[str, Any] = {}
-    if max_num_seqs is not None:
-        over["max_num_seqs"] = max_num_seqs
-    if max_num_batched_tokens is not None:
-        over["max_num_batched_tokens"] = max_num_batched_tokens
-    if preemption is not None:
-        over["preemption"] = preemption
-    if not chunked_prefill:
-        over["chunked_prefill"] = False
-    if prefix_caching:
-        over["enable_prefix_caching"] = True
-    return over
-
-
-def resolve_engine(preset: str, overrides: dict[str, Any] | None = None) -> EngineConfig:
-    """The EngineConfig of ``preset`` with ``overrides``; ValueError with one clear line."""
-    try:
-        return EngineConfig(preset=preset, **(overrides or {}))
-    except (ValueError, TypeError, KeyError) as exc:
-        raise ValueError(f"engine {preset!r}: {_first_line(exc)}") from exc
-
-
-def resolve_trace(name: str, download: bool = False) -> Trace:
-    """Load a trace by name or path; ValueError with one clear line when it is missing."""
-    try:
-        return load_trace(name, download=download)
-    except TraceNotFoundError as exc:
-        if name in CATALOG:
-            raise ValueError(
-                f"trace {name!r} not found locally (looked in $CBGYM_TRACE_DIR and "
-                f"{default_cache_dir()}); set CBGYM_TRACE_DIR to the folder holding "
-                f"{CATALOG[name].filename} or pass --download") from exc
-        raise ValueError(_first_line(exc)) from exc
-    except (OSError, ValueError) as exc:
-        raise ValueError(f"trace {name!r}: {_first_line(exc)}") from exc
-
-
-def scalable(name: str, trace: Trace) -> None:
-    """Raise ValueError (one line) unless ``trace`` can be rescaled to a load: two requests
-    or more, not all at one instant (its arrival rate is finite)."""
-    if len(trace) < 2:
-        raise ValueError(f"trace {name!r} has {len(trace)} request(s); rescaling to a load "
-                         "needs at least two")
-    if not trace.arrival_s[-1] > trace.arrival_s[0]:
-        raise ValueError(f"trace {name!r}: all {len(trace)} requests arrive at one instant; "
-                         "rescaling to a load needs distinct arrival times")
-
-
-def check_policy(spec: str) -> None:
-    """Raise ValueError (one line) unless ``spec`` builds a policy."""
-    from cbgym.agents import make_policy
-
-    try:
-        make_policy(spec)
-    except (ValueError, TypeError) as exc:
-        raise ValueError(_first_line(exc)) from exc
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
-
-
-CAPACITY_MODES = ("per-window", "per-trace")
-
-
-def window_starts(num_requests: int, windows: int, count: int) -> list[int]:
-    """Evenly spaced window starts: disjoint when ``windows * count <= num_requests``.
-
-    A window longer than the trace is clipped to it, and duplicate starts (more windows than
-    distinct positions) are dropped.
-    """
-    count = min(count, num_requests)
-    last = num_requests - count
-    starts = np.rint(np.linspace(0, last, windows)).astype(int) if windows > 1 else [0]
-    return sorted({int(s) for s in starts})
-
-
-# ---------------------------------------------------------------- the worker side
-
-# Set in each worker by _init_worker (and in the parent when workers == 1): the windows and
-# engines are sent once per process rather than once per cell.
-_WINDOWS: dict[tuple[str, int], Trace] = {}
-_ENGINES: dict[str, EngineConfig] = {}
-
-
-def _init_worker(windows: dict[tuple[str, int], Trace], engines: dict[str, EngineConfig]) -> None:
-    _WINDOWS.clear()
-    _WINDOWS.update(windows)
-    _ENGINES.clear()
-    _ENGINES.update(engines)
-
-
-def capacity_task(trace: str, window: int, engine: str, sample: int) -> float:
-    """Requests/s of ``engine`` on one window (saturation), in a worker."""
-    return measure_capacity(_WINDOWS[(trace, window)], _ENGINES[engine], sample=sample)
-
-
-def run_cell(cell: Cell, settings: CellSettings) -> CellOutput:
-    """Simulate one cell and reduce it to a row, its waiting times and (maybe) CDF quantiles."""
-    from cbgym.simulate import simulate
-
-    window = _WINDOWS[(cell.trace, cell.window)]
-    engine = _ENGINES[cell.engine]
-    slo = SLO(ttft_s=settings.ttft_s, tpot_s=settings.tpot_s)
-    res = simulate(window, cell.policy, engine, load=cell.load, seed=cell.seed, slo=slo,
-                   capacity_rps=cell.capacity_rps)
-    row: dict[str, Any] = {**asdict(cell), "offered_rps": cell.load * cell.capacity_rps}
-    row.update(res.summary(warmup=settings.warmup))
-    row.update(study.latency_stats(res.requests, settings.warmup))
-    prefill_s, busy_s = study.prefill_engine_time(res.timeseries, engine)
-    row.update(prefill_engine_s=prefill_s, busy_s=busy_s,
-               prefill_time_share=prefill_s / busy_s if busy_s > 0 else float("nan"))
-    cdf = None
-    if np.isclose(cell.load, settings.cdf_load):
-        norm = study.normalised_latency_ms(study.after_warmup(res.requests, settings.warmup))
-        cdf = np.quantile(norm, CDF_LEVELS) if norm.size else None
-    waits = study.waiting_times(res.requests, settings.warmup).astype(np.float32)
-    return CellOutput(row=row, waits=waits, cdf=cdf)
 
 
 # ---------------------------------------------------------------- the parent side
@@ -381,8 +235,10 @@ def run_bench(cfg: BenchConfig, progress: bool = True,
     results = _order_columns(_with_window_info(results, starts, windows))
     table = _in_sweep_order(study.aggregate(results), cfg)
     elapsed = time.perf_counter() - started
+    # (the study's headline averages over loads 0.85, 0.92, 0.98: no rates)
+    headline = study.headline_gain(table if cfg.axis == "rho" else table.iloc[:0])
     return BenchResult(
-        results=results, table=table, headline=study.headline_gain(table),
+        results=results, table=table, headline=headline,
         accountings=_accountings(results, windows, engines, cfg),
         cdf=_cdf_frame(outputs), elapsed_s=elapsed, notes=notes,
         config=_config_json(cfg, engines, traces, starts, capacity, workers, elapsed),
@@ -460,7 +316,7 @@ def _plan_cells(cfg: BenchConfig, windows: dict[tuple[str, int], Trace],
                 ) -> list[Cell]:
     cells = [
         Cell(t, w, e, p, load, seed, capacity[(t, w, e)])
-        for (t, w) in windows for e in engines for load in cfg.loads
+        for (t, w) in windows for e in engines for load in cfg.points
         for p in cfg.policies for seed in cfg.seeds
     ]
     # Heaviest first (high load, long windows) so no worker is left with a long tail.
@@ -469,7 +325,8 @@ def _plan_cells(cfg: BenchConfig, windows: dict[tuple[str, int], Trace],
 
 def _run_cells(pool: Executor, cells: list[Cell], cfg: BenchConfig, progress: bool
                ) -> list[CellOutput]:
-    settings = CellSettings(cfg.ttft_s, cfg.tpot_s, cfg.warmup, cfg.plot_load)
+    settings = CellSettings(cfg.ttft_s, cfg.tpot_s, cfg.warmup, cfg.plot_load,
+                            cfg.burstiness if cfg.request_rates else None)
     futures = {pool.submit(run_cell, cell, settings): i for i, cell in enumerate(cells)}
     outputs: list[CellOutput | None] = [None] * len(cells)
     with tqdm(total=len(cells), desc="bench", unit="run", disable=not progress) as bar:
@@ -516,7 +373,7 @@ def _accountings(results: pd.DataFrame, windows: dict[tuple[str, int], Trace],
         output = np.concatenate([w.output_tokens for w in parts])
         for name, engine in engines.items():
             share = study.marginal_work_share(prompt, output, engine)
-            for load in cfg.loads:
+            for load in cfg.points:
                 fcfs = results[(results["trace"] == trace) & (results["engine"] == name)
                                & (results["load"] == load) & (results["policy"] == study.FCFS)]
                 busy = fcfs["busy_s"].sum()
@@ -551,7 +408,7 @@ def _config_json(cfg: BenchConfig, engines: dict[str, EngineConfig], traces: dic
     return {
         "cbgym_version": cbgym.__version__,
         "argv": sys.argv,
-        "bench": asdict(cfg),
+        "bench": {**asdict(cfg), "axis": cfg.axis},
         "engines": {name: config_dict(e) for name, e in engines.items()},
         "traces": {name: {"requests": len(t), "duration_s": t.duration_s, "source": t.name}
                    for name, t in traces.items()},
@@ -564,70 +421,16 @@ def _config_json(cfg: BenchConfig, engines: dict[str, EngineConfig], traces: dic
         "versions": {"python": platform.python_version(), "numpy": np.__version__,
                      "pandas": pd.__version__, "matplotlib": matplotlib.__version__},
         "rerun": ("cbgym simulate --trace TRACE --start WINDOW_START --requests WINDOW_REQUESTS "
-                  "--engine ENGINE --policy POLICY --load LOAD --capacity-rps CAPACITY_RPS "
-                  "--seed SEED (values from a results.csv row, plus the engine overrides above)"),
+                  "--engine ENGINE --policy POLICY "
+                  + ("--load LOAD --capacity-rps CAPACITY_RPS " if cfg.axis == "rho" else
+                     f"--request-rate LOAD --burstiness {cfg.burstiness:g} ")
+                  + "--seed SEED (values from a results.csv row, plus the engine overrides "
+                  "above)"),
     }
 
 
-# ---------------------------------------------------------------- output
-
-
-def write_outputs(result: BenchResult, out_dir: str | Path, plots: bool = True) -> list[Path]:
-    """Write the CSVs, ``config.json`` and (optionally) the PNG plots into ``out_dir``."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    written = []
-    for name, frame in (("results.csv", result.results), ("summary.csv", result.table),
-                        ("headline.csv", result.headline),
-                        ("accountings.csv", result.accountings), ("cdf.csv", result.cdf)):
-        frame.to_csv(out / name, index=False)
-        written.append(out / name)
-    (out / "config.json").write_text(json.dumps(result.config, indent=2, default=str) + "\n")
-    written.append(out / "config.json")
-    if plots:
-        from cbgym.plots import write_plots
-
-        written += write_plots(result.table, result.cdf, out)
-    return written
-
-
-TABLE_COLUMNS = {
-    "policy": "policy", "load": "rho", "mean_norm_latency_ms": "mean ms/tok",
-    "p99_norm_latency_ms": "p99 ms/tok", "oracle_gain_recovered_pct": "gain %",
-    "p99_ratio": "p99/FCFS", "starvation_count": "starved",
-    "starved_beyond_fcfs_max": "> FCFS max", "goodput_rps": "goodput/s",
-    "slo_attainment": "SLO ok",
-    # latency columns cover finished requests only: a policy that drops requests must be
-    # compared on goodput, so show how many it dropped
-    "num_shed": "shed",
-}
-
-
-def format_table(result: BenchResult) -> str:
-    """A compact text table per trace and engine (pandas ``to_string``)."""
-    blocks = []
-    for (trace, engine), part in result.table.groupby(["trace", "engine"], sort=False):
-        acc = result.accountings
-        acc = acc[(acc["trace"] == trace) & (acc["engine"] == engine)]
-        runs = result.results[(result.results["trace"] == trace)
-                              & (result.results["engine"] == engine)]
-        head = (f"== {trace} | {engine} | {runs['window'].nunique()} window(s) x "
-                f"{int(runs['window_requests'].iloc[0])} requests | mu "
-                f"{runs['capacity_rps'].mean():.3g} req/s | prefill share: marginal work "
-                f"{acc['marginal_work_share_pct'].iloc[0]:.1f}%")
-        shown = part[[c for c in TABLE_COLUMNS if c in part]].rename(columns=TABLE_COLUMNS)
-        blocks.append(head + "\n" + shown.to_string(index=False, float_format=_fmt))
-    return "\n\n".join(blocks)
-
-
-def _fmt(value: float) -> str:
-    if not np.isfinite(value):
-        return "-"
-    return f"{value:.3g}" if abs(value) < 100 else f"{value:.0f}"
-
-
 __all__ = [
-    "BenchConfig", "BenchResult", "Cell", "CellOutput", "CellSettings", "check_policy",
-    "format_table", "resolve_engine", "resolve_trace", "run_bench", "run_cell", "window_starts",
-    "write_outputs",
+    "CAPACITY_MODES", "BenchConfig", "BenchResult", "Cell", "CellOutput", "CellSettings",
+    "check_policy", "engine_overrides", "format_table", "read_outputs", "resolve_engine",
+    "resolve_trace", "run_bench", "run_cell", "scalable", "window_starts", "write_outputs",
 ]

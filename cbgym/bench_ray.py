@@ -90,9 +90,9 @@ def _in_worker(sweep: str, state: list[Any], fn: Callable[..., Any], args: tuple
     another sweep's (or none), as the process backend's initializer does."""
     import ray
 
-    from cbgym import bench
+    from cbgym import bench_cells
 
     if _SWEEP != [sweep]:
-        bench._init_worker(*ray.get(state[0]))
+        bench_cells._init_worker(*ray.get(state[0]))
         _SWEEP[:] = [sweep]
     return fn(*args, **kwargs)

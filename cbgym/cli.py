@@ -143,6 +143,14 @@ def _bench_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                             "noisy-oracle:0.8, cb-sjf-work-aging:0.05")
     sweep.add_argument("--loads", type=T.listed(T.load, "loads"), default=DEFAULT_LOADS,
                        metavar="RHO[,RHO...]", help="offered loads rho = lambda / mu, each > 0")
+    sweep.add_argument("--request-rate", type=T.listed(T.positive_float, "request rates"),
+                       default=None, metavar="R[,R...]",
+                       help="instead of --loads: send each window at these rates (req/s) as "
+                            "vLLM's benchmark does (Gamma gaps, shape --burstiness, drawn "
+                            "with the seed); tables and plots are then by rate")
+    sweep.add_argument("--burstiness", type=T.positive_float, default=1.0, metavar="B",
+                       help="with --request-rate: vLLM's burstiness (1 = Poisson, lower = "
+                            "burstier)")
     sweep.add_argument("--windows", type=T.int_at_least(1), default=2, metavar="N",
                        help="windows per trace")
     sweep.add_argument("--window-requests", type=T.int_at_least(2), default=4000, metavar="M",
@@ -189,6 +197,9 @@ def _bench_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     run.add_argument("--out", default=None, metavar="DIR",
                      help="write CSVs, config.json and PNGs here (default: print only)")
     run.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    run.add_argument("--from", dest="from_dir", default=None, metavar="DIR",
+                     help="instead of a sweep: print the tables of one saved with --out (and "
+                          "with --out, write its files and plots again there)")
     run.add_argument("--quiet", action="store_true", help="no progress bar or notes")
     p.set_defaults(handler=_cmd_bench, subparser=p)
     return p
@@ -218,14 +229,22 @@ def _bench_config(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
         parser.error("--engine: expected at least one preset")
     for preset in engines:
         _or_fail(parser, "--engine", lambda e=preset: resolve_engine(e, _engine_overrides(args)))
+    rates = tuple(args.request_rate or ())
+    if rates and T.given(args, parser, "loads"):
+        parser.error("--request-rate: give --loads or --request-rate, not both")
+    if args.burstiness != 1.0 and not rates:
+        parser.error("--burstiness: shapes --request-rate's arrivals; give --request-rate")
+    loads = () if rates else tuple(args.loads)
     for name in args.trace:
         trace = _or_fail(parser, "--trace", lambda n=name: resolve_trace(n, args.download))
-        _or_fail(parser, "--trace", lambda n=name, t=trace: scalable(n, t))  # (rho scaling)
-    if args.cdf_load is not None and args.cdf_load not in args.loads:
-        parser.error(f"--cdf-load: {args.cdf_load:g} is not one of --loads")
+        _or_fail(parser, "--trace", lambda n=name, t=trace: scalable(n, t))  # (mu, rho)
+    if args.cdf_load is not None and args.cdf_load not in (rates or loads):
+        parser.error(f"--cdf-load: {args.cdf_load:g} is not one of "
+                     + ("--request-rate" if rates else "--loads"))
     over = _engine_overrides(args)
     return _or_fail(parser, "bench", lambda: BenchConfig(
-        traces=tuple(args.trace), policies=tuple(args.policies), loads=tuple(args.loads),
+        traces=tuple(args.trace), policies=tuple(args.policies), loads=loads,
+        request_rates=rates, burstiness=args.burstiness,
         engines=engines, windows=args.windows, window_requests=args.window_requests,
         seeds=tuple(args.seeds), max_num_seqs=over.get("max_num_seqs"),
         max_num_batched_tokens=over.get("max_num_batched_tokens"),
@@ -250,6 +269,8 @@ def _cmd_bench(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
     from cbgym.bench import format_table, run_bench, write_outputs
 
     chosen = None
+    if args.from_dir is not None:
+        return _saved_bench(args, parser)
     if args.address is not None and args.backend != "ray":
         parser.error("--address: only with --backend ray")
     if args.out:
@@ -293,6 +314,27 @@ def _cmd_bench(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
     elif not args.quiet:
         print("(pass --out DIR to write results.csv, summary.csv, accountings.csv and plots)")
     print(f"{len(result.results)} runs in {result.elapsed_s:.1f} s on {cfg.workers} worker(s)")
+    return 0
+
+
+def _saved_bench(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """``cbgym bench --from DIR``: a saved sweep's tables (and files, with ``--out``)."""
+    from cbgym.bench import format_table, read_outputs, write_outputs
+
+    kept = {"from_dir", "out", "no_plots", "quiet", "help"}
+    used = [a.option_strings[-1] for a in parser._actions if a.option_strings
+            and a.dest not in kept and T.given(args, parser, a.dest)]
+    if used:
+        parser.error(f"{', '.join(used)}: not used with --from (the saved sweep's settings "
+                     "are in its config.json)")
+    if args.out:
+        T.out_dir(parser, args.out)
+    result = _or_fail(parser, "--from", lambda: read_outputs(args.from_dir))
+    print(format_table(result))
+    _print_headline(result)
+    if args.out:
+        written = write_outputs(result, args.out, plots=not args.no_plots)
+        print(f"wrote {len(written)} files to {args.out}")
     return 0
 
 

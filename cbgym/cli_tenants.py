@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from cbgym import cli_types as T
 from cbgym.cluster.cli_bench import fail_on, out_dir
 
 OVERLOAD_CLUSTER = "1x:llama-3.1-8b/a100-80gb"
@@ -34,19 +35,9 @@ def add_options(p: argparse.ArgumentParser) -> None:
                    help="--noisy-neighbour: the interactive tenant's share of requests")
 
 
-def _given(args: argparse.Namespace, parser: argparse.ArgumentParser, dest: str) -> bool:
-    """Whether option ``dest`` was given a value other than its default (argparse passes a
-    string default through the option's type)."""
-    action = next(a for a in parser._actions if a.dest == dest)
-    default = action.default
-    if isinstance(default, str) and callable(action.type):
-        default = action.type(default)
-    return bool(getattr(args, dest) != default)
-
-
 def _reject(args: argparse.Namespace, parser: argparse.ArgumentParser, mode: str,
             options: tuple[str, ...]) -> None:
-    used = [opt for opt in options if _given(args, parser, opt.lstrip("-").replace("-", "_"))]
+    used = [opt for opt in options if T.given(args, parser, opt.lstrip("-").replace("-", "_"))]
     if used:
         parser.error(f"{', '.join(used)}: not used with {mode}")
 
@@ -62,18 +53,19 @@ def cmd_overload(args: argparse.Namespace, parser: argparse.ArgumentParser,
                                          "--cdf-load", "--starvation-multiple", "--workers",
                                          "--engine", "--max-num-seqs", "--preemption",
                                          "--max-num-batched-tokens", "--no-chunked-prefill",
-                                         "--backend", "--address", "--capacity"))
+                                         "--backend", "--address", "--capacity",
+                                         "--request-rate", "--burstiness"))
     if not args.timeout > 0:
         parser.error(f"--timeout: {args.timeout!r}, expected seconds > 0")
     if args.retries < 0:
         parser.error(f"--retries: {args.retries!r}, expected an int >= 0")
     name = args.cluster or OVERLOAD_CLUSTER
     cluster = fail_on(parser, "--cluster", lambda: ClusterConfig.preset(name))
-    policies = args.policies if _given(args, parser, "policies") else ("fcfs",)
+    policies = args.policies if T.given(args, parser, "policies") else ("fcfs",)
     if len(policies) != 1:
         parser.error("--policies: with --overload give one local policy (every instance's)")
     fail_on(parser, "--policies", lambda: check_policy(policies[0]))
-    loads = args.loads if _given(args, parser, "loads") else LOADS
+    loads = args.loads if T.given(args, parser, "loads") else LOADS
     client = fail_on(parser, "--timeout", lambda: client_model(args.timeout, args.retries,
                                                              args.abandon))
     out = out_dir(args, parser)
@@ -113,16 +105,17 @@ def cmd_noisy_neighbour(args: argparse.Namespace, parser: argparse.ArgumentParse
     _reject(args, parser, "--noisy-neighbour", (
         "--cluster", "--routers", "--timeout", "--retries", "--abandon", "--windows",
         "--seeds", "--capacity-sample", "--cdf-load", "--starvation-multiple", "--workers",
-        "--ttft", "--tpot", "--tbt", "--backend", "--address", "--capacity"))
+        "--ttft", "--tpot", "--tbt", "--backend", "--address", "--capacity",
+        "--request-rate", "--burstiness"))
     if not 0 < args.share < 1:
         parser.error(f"--share: {args.share!r}, expected in (0, 1)")
-    policies = args.policies if _given(args, parser, "policies") else POLICIES
+    policies = args.policies if T.given(args, parser, "policies") else POLICIES
     for spec in policies:
         fail_on(parser, "--policies", lambda s=spec: check_policy(s))
-    loads = args.loads if _given(args, parser, "loads") else (1.0,)
+    loads = args.loads if T.given(args, parser, "loads") else (1.0,)
     if len(loads) != 1:
         parser.error("--loads: --noisy-neighbour takes one load")
-    engine_name = args.engine if _given(args, parser, "engine") else NOISY_ENGINE
+    engine_name = args.engine if T.given(args, parser, "engine") else NOISY_ENGINE
     engine = fail_on(parser, "--engine", lambda: EngineConfig(preset=engine_name))
     if given_trace:
         if len(args.trace) != 2:

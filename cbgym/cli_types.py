@@ -104,3 +104,13 @@ def seed(text: str) -> int:
         return int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"seed {text!r} is not an integer") from None
+
+
+def given(args: argparse.Namespace, parser: argparse.ArgumentParser, dest: str) -> bool:
+    """Whether option ``dest`` was given a value other than its default (argparse passes a
+    string default through the option's type)."""
+    action = next(a for a in parser._actions if a.dest == dest)
+    default = action.default
+    if isinstance(default, str) and callable(action.type):
+        default = action.type(default)
+    return bool(getattr(args, dest) != default)

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from cbgym.engine import itl
 from cbgym.engine.recorder import TIMESERIES_COLUMNS
 
 QUANTILES = (0.5, 0.9, 0.95, 0.99)
@@ -187,6 +188,9 @@ class SimulationResult:
         preemption_log: (iteration, request_id) of each preemption, with the batch log.
         slo: the SLO used for goodput.
         meta: run configuration (policy, engine, load, seed, wall time).
+        itl_histogram: every gap between two tokens of the run, pooled over its requests
+            (:mod:`cbgym.engine.itl`: bins, then the gaps' sum, sum of squares and count);
+            None in the study's engine mode, which does not keep it.
     """
 
     requests: pd.DataFrame
@@ -195,13 +199,20 @@ class SimulationResult:
     preemption_log: pd.DataFrame | None
     slo: SLOSpec = field(default_factory=SLO)
     meta: dict[str, Any] = field(default_factory=dict)
+    itl_histogram: np.ndarray | None = None
 
     def summary(self, warmup: float = 0.0) -> dict[str, float]:
         """Latency quantiles, goodput, SLO attainment, throughput and engine counters.
 
+        The inter-token latencies ``itl_mean``, ``itl_std``, ``itl_p50`` ... ``itl_p99``
+        pool every gap between two tokens of the run, as vLLM's benchmark's
+        ``inter_token_latency`` (``mean_itl_ms``, ``median_itl_ms``, ``p99_itl_ms``; NaN in
+        the study's engine mode); per request, ``requests`` has its worst and p99 gap.
+
         Args:
             warmup: fraction of the earliest-arriving requests left out of the latency
-                statistics (the study discards 10%); counters always cover the whole run.
+                statistics (the study discards 10%); counters and the pooled inter-token
+                latencies always cover the whole run.
         """
         req = self.requests
         if warmup:
@@ -214,6 +225,7 @@ class SimulationResult:
         }
         for col in ("ttft_s", "tpot_s", "e2e_s", "queue_s"):
             _quantiles(col.removesuffix("_s"), fin[col].to_numpy(), out)
+        out.update(itl.stats(self.itl_histogram, QUANTILES))
         norm = (fin["e2e_s"] / fin["output_tokens"]).to_numpy()
         _quantiles("norm_latency", norm, out)
         good = meets_slo(req, self.slo)

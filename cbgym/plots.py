@@ -49,13 +49,18 @@ def _log_if_wide(ax: Axes, values: np.ndarray) -> None:
         ax.set_yscale("log")
 
 
-def _lines_vs_load(ax: Axes, part: pd.DataFrame, column: str, ylabel: str, title: str) -> None:
-    """One line per policy of ``part[column]`` against load, on one panel."""
+AXIS_LABELS = {"rho": "offered load rho", "request_rate": "request rate (req/s)"}
+AXIS_SHORT = {"rho": "rho", "request_rate": "req/s"}
+
+
+def _lines_vs_load(ax: Axes, part: pd.DataFrame, column: str, ylabel: str, title: str,
+                   axis: str = "rho") -> None:
+    """One line per policy of ``part[column]`` against load (or rate), on one panel."""
     for policy, rows in part.groupby("policy", sort=False):
         rows = rows.sort_values("load")
         ax.plot(rows["load"], rows[column], marker="o", ms=3, lw=1.2, label=str(policy))
     ax.set_title(title, fontsize=9)
-    ax.set_xlabel("offered load rho")
+    ax.set_xlabel(AXIS_LABELS[axis])
     ax.set_ylabel(ylabel)
     ax.grid(alpha=0.3)
 
@@ -73,28 +78,30 @@ def _plot_panels(frame: pd.DataFrame, path: str | Path,
     return Path(path)
 
 
-def plot_vs_load(table: pd.DataFrame, path: str | Path, column: str, ylabel: str) -> Path:
-    """One line per policy of ``table[column]`` against load, a panel per trace and engine."""
+def plot_vs_load(table: pd.DataFrame, path: str | Path, column: str, ylabel: str,
+                 axis: str = "rho") -> Path:
+    """One line per policy of ``table[column]`` against load, a panel per trace and engine
+    (``axis``: what ``load`` holds, ``"rho"`` or ``"request_rate"``)."""
 
     def draw(ax: Axes, part: pd.DataFrame, title: str) -> None:
-        _lines_vs_load(ax, part, column, ylabel, title)
+        _lines_vs_load(ax, part, column, ylabel, title, axis)
         _log_if_wide(ax, part[column].to_numpy(dtype=float))
 
     return _plot_panels(table, path, draw)
 
 
-def plot_goodput(table: pd.DataFrame, path: str | Path) -> Path:
-    """Goodput against offered load, with the offered rate rho x mu dashed."""
+def plot_goodput(table: pd.DataFrame, path: str | Path, axis: str = "rho") -> Path:
+    """Goodput against offered load (or rate), with the offered rate dashed."""
 
     def draw(ax: Axes, part: pd.DataFrame, title: str) -> None:
         offered = part.groupby("load")["offered_rps"].mean()
         ax.plot(offered.index, offered.to_numpy(), "k--", lw=1, label="offered")
-        _lines_vs_load(ax, part, "goodput_rps", "goodput (req/s within SLO)", title)
+        _lines_vs_load(ax, part, "goodput_rps", "goodput (req/s within SLO)", title, axis)
 
     return _plot_panels(table, path, draw)
 
 
-def plot_cdf(cdf: pd.DataFrame, path: str | Path) -> Path:
+def plot_cdf(cdf: pd.DataFrame, path: str | Path, axis: str = "rho") -> Path:
     """CDF of normalised latency at the one load in ``cdf``, quantile-averaged over windows."""
 
     def draw(ax: Axes, part: pd.DataFrame, title: str) -> None:
@@ -102,7 +109,7 @@ def plot_cdf(cdf: pd.DataFrame, path: str | Path) -> Path:
             curve = rows.groupby("quantile")["norm_latency_ms"].mean()
             ax.plot(curve.to_numpy(), curve.index, lw=1.2, label=str(policy))
         ax.set_xscale("log")
-        ax.set_title(f"{title} | rho={part['load'].iloc[0]:g}", fontsize=9)
+        ax.set_title(f"{title} | {AXIS_SHORT[axis]}={part['load'].iloc[0]:g}", fontsize=9)
         ax.set_xlabel("normalised latency (ms / output token)")
         ax.set_ylabel("fraction of requests")
         ax.grid(alpha=0.3)
@@ -110,18 +117,19 @@ def plot_cdf(cdf: pd.DataFrame, path: str | Path) -> Path:
     return _plot_panels(cdf, path, draw)
 
 
-def write_plots(table: pd.DataFrame, cdf: pd.DataFrame, out_dir: str | Path) -> list[Path]:
+def write_plots(table: pd.DataFrame, cdf: pd.DataFrame, out_dir: str | Path,
+                axis: str = "rho") -> list[Path]:
     """All bench plots into ``out_dir``; returns the files written."""
     out = Path(out_dir)
     paths = [
         plot_vs_load(table, out / "mean_latency_vs_load.png", "mean_norm_latency_ms",
-                     "mean normalised latency (ms/tok)"),
+                     "mean normalised latency (ms/tok)", axis),
         plot_vs_load(table, out / "p99_latency_vs_load.png", "p99_norm_latency_ms",
-                     "p99 normalised latency (ms/tok)"),
-        plot_goodput(table, out / "goodput_vs_load.png"),
+                     "p99 normalised latency (ms/tok)", axis),
+        plot_goodput(table, out / "goodput_vs_load.png", axis),
     ]
     if len(cdf):
-        paths.append(plot_cdf(cdf, out / "latency_cdf.png"))
+        paths.append(plot_cdf(cdf, out / "latency_cdf.png", axis))
     return paths
 
 

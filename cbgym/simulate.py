@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 import pandas as pd
 
+from cbgym.engine import layout as L
 from cbgym.engine.config import EngineConfig
 from cbgym.engine.decision import Policy, PolicyContext
 from cbgym.engine.engine import Engine, EngineStuckError
@@ -278,6 +279,7 @@ def collect(eng: Engine, slo: SLOSpec, meta: dict) -> SimulationResult:
         preemption_log=preemptions,
         slo=slo,
         meta={**meta, "prefix_cache": eng.prefix_cache_stats} if eng.prefix_caching else meta,
+        itl_histogram=eng.state.sf[L.ITL:].copy() if eng.state.si[L.P99_ON] else None,
     )
 
 

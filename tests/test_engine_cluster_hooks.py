@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cbgym import EngineConfig, LinearCostModel, Trace
-from cbgym.engine import handoff
+from cbgym.engine import handoff, itl
 from cbgym.engine import layout as L
 from cbgym.engine.decision import Decision
 from cbgym.engine.engine import Engine
@@ -148,3 +148,51 @@ def test_an_output_too_long_for_its_p99_slots_is_a_clear_error() -> None:
     with pytest.raises(ValueError, match="request 0: 14000000 output tokens.*itl_p99=False"):
         Engine(tr, ENGINE)
     Engine(tr, ENGINE, itl_p99=False)  # only the worst gap: fine
+
+
+@settings(max_examples=15, deadline=None)
+@given(seed=st.integers(0, 10_000))
+def test_the_pooled_itl_is_every_gap_of_the_run(seed: int) -> None:
+    """The run's pooled inter-token latencies (vLLM's benchmark's mean, std, median, p99
+    over every gap of every request) from the histogram: the count and mean exact, the
+    percentiles within the bins' 0.2%; the same histogram with stretches and without."""
+    tr = trace_of(seed, 40)
+    gaps, _ = gaps_by_iteration(tr)
+    pooled = np.array([g for run in gaps for g in run])
+    res = simulate(tr, engine=ENGINE)
+    h = res.itl_histogram
+    assert h is not None and h[itl.COUNT] == len(pooled)
+    stepped = Engine(tr, ENGINE, consult="always")
+    while stepped.next_decision() is not None:
+        stepped.decide(Decision())
+    assert (stepped.state.sf[L.ITL:][: itl.NUM_BINS] == h[: itl.NUM_BINS]).all()
+    got = res.summary()
+    if not len(pooled):
+        assert np.isnan(got["itl_mean"])
+        return
+    assert got["itl_mean"] == pytest.approx(pooled.mean(), rel=1e-12)
+    assert got["itl_std"] == pytest.approx(pooled.std(), rel=1e-6, abs=1e-12)
+    for q in (50, 90, 95, 99):
+        assert got[f"itl_p{q}"] == pytest.approx(np.percentile(pooled, q), rel=2e-3)
+
+
+def test_the_pooled_itl_of_a_cluster_adds_its_instances() -> None:
+    """One replica's pooled gaps are the single engine's; two replicas' are the sum of the
+    two engines fed the round-robin split; the study's engine mode keeps none (NaN)."""
+    from cbgym.cluster import ClusterConfig, Pool
+
+    tr = trace_of(3, 60)
+    one = simulate(tr, engine=ENGINE).itl_histogram
+    cfg = ClusterConfig((Pool("unified", 1, ENGINE),))
+    assert np.array_equal(simulate(tr, cluster=cfg).itl_histogram, one)
+    both = simulate(tr, cluster=ClusterConfig((Pool("unified", 2, ENGINE),))).itl_histogram
+    halves = []
+    for i in (0, 1):
+        ids = np.arange(i, len(tr), 2)
+        part = Trace.from_arrays(tr.arrival_s[ids], tr.prompt_tokens[ids],
+                                 tr.output_tokens[ids], name="part", rebase=False)
+        halves.append(simulate(part, engine=ENGINE).itl_histogram)
+    assert both is not None and np.array_equal(both[: itl.NUM_BINS],
+                                               (halves[0] + halves[1])[: itl.NUM_BINS])
+    study = simulate(tr, engine="cbsjf-paper")
+    assert study.itl_histogram is None and np.isnan(study.summary()["itl_p99"])

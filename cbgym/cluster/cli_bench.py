@@ -58,7 +58,8 @@ def cmd_cluster_bench(args: argparse.Namespace, parser: argparse.ArgumentParser,
                                      ("--cdf-load", "cdf_load"), ("--no-plots", "no_plots"),
                                      ("--starvation-multiple", "starvation_multiple"),
                                      ("--backend", "backend"), ("--address", "address"),
-                                     ("--capacity", "capacity"))
+                                     ("--capacity", "capacity"), ("--request-rate", "request_rate"),
+                                     ("--burstiness", "burstiness"))
                if getattr(args, dest) != parser.get_default(dest)]
     if ignored:
         parser.error(f"{', '.join(ignored)}: not used with --cluster (one process, no study "

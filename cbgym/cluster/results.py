@@ -30,6 +30,7 @@ import pandas as pd
 
 from cbgym.cluster import state as K
 from cbgym.cluster.edge_results import attempts_and_clients, edge_totals
+from cbgym.engine import itl
 from cbgym.engine import layout as L
 from cbgym.metrics import SimulationResult, requests_frame, timeseries_frame
 
@@ -151,4 +152,6 @@ def cluster_result(c: Cluster, meta: dict) -> ClusterResult:
         req, clients = attempts_and_clients(c, req)
     return ClusterResult(requests=req, timeseries=timeseries, iterations=None,
                          preemption_log=None, slo=c.slo, meta=meta,
-                         num_instances=len(c.engines), clients=clients)
+                         num_instances=len(c.engines), clients=clients,
+                         itl_histogram=itl.pooled(c.S.sf[:, L.ITL:]) if c.S.si[:, L.P99_ON].any()
+                         else None)

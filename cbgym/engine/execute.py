@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from cbgym.engine import gaps
+from cbgym.engine import gaps, itl
 from cbgym.engine.jit import no_alloc_kernel
 from cbgym.engine.kutil import end, keep_status, named, release_as, report
 from cbgym.engine.layout import (
@@ -27,6 +27,7 @@ from cbgym.engine.layout import (
     INBOX,
     INBOX_N,
     ITERATION,
+    ITL,
     ITL_MAX,
     ITL_P99,
     KEEP_KV,
@@ -254,13 +255,22 @@ def execute(s: State, p: Params, m: int) -> int:
                 first_token[rid] = sf[NOW]
         elif s.req[KEEP_KV, rid] == PIPELINED:
             report(s, rid)  # a prompt chunk done: its KV can be sent (pipelined link)
+    pooled, same = si[P99_ON], np.int64(0)  # (the run's histogram: cbgym.engine.itl)
     for j in range(m):  # the gaps between tokens (a loop apart measured faster)
         if sampled[j]:
             rid = sched_ids[j]
             gap = sf[NOW] - last_token[rid]
-            if generated[rid] > 1 and gap > gap_min[rid]:
-                add_gap(s, rid, gap)
+            if generated[rid] > 1:
+                if gap > gap_min[rid]:
+                    add_gap(s, rid, gap)
+                if pooled:
+                    if last_token[rid] == begin:
+                        same += 1  # sampled last iteration too: this iteration's duration
+                    else:
+                        itl.add(sf, ITL, gap, 1)
             last_token[rid] = sf[NOW]
+    if same:
+        itl.add(sf, ITL, sf[NOW] - begin, same)
     record(s, p, begin, dt, num_tokens, num_tokens - num_decode, num_decode, np.int64(1))
     if p.ci[RECORD]:
         for j in range(m):

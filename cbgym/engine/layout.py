@@ -16,7 +16,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from cbgym.engine import gaps
+from cbgym.engine import gaps, itl
 from cbgym.engine.jit import no_alloc_kernel
 
 
@@ -50,7 +50,8 @@ NUM_SI = 39
 # requests looked up for the first time (vllm:prefix_cache_queries / _hits), of preempted
 # ones looking up again (PRE), and cached blocks evicted for reuse
 # GAP_TOP: the most gaps a request keeps (cbgym.engine.gaps), a stretch's scratch size;
-# P99_ON: requests keep the gaps their p99 needs (else only their worst)
+# P99_ON: requests keep the gaps their p99 needs (else only their worst), and the run its
+# pooled histogram of gaps (sf[ITL:])
 # KERNEL_POLICY: a cluster's instance whose local policy is decided in the kernel (FCFS or a
 # static key): idle, it waits for its cluster's next event instead of ticking
 # IDLED: the last iteration scheduled nothing (and nothing was delivered since): with the
@@ -58,8 +59,11 @@ NUM_SI = 39
 # ---------------------------------------------------------------- sf: float64 scalars
 # UNTIL: the horizon (an instance of a cluster stops before an iteration that would start
 # at or after it; +inf for a standalone engine)
-NOW, LAST_DT, UNTIL = _codes(3)
-NUM_SF = 3
+# ITL: where the run's histogram of gaps between tokens starts (cbgym.engine.itl; it fills
+# the rest of ``sf``: a State field of its own slowed every run by about 10%, since each
+# kernel call passes every array of the State)
+NOW, LAST_DT, UNTIL, ITL = _codes(4)
+NUM_SF = 3 + itl.SLOTS
 
 # ---------------------------------------------------------------- codes
 # request status (cbgym.engine.Status)
@@ -281,7 +285,9 @@ def fill_state(s: State, arrival_s: np.ndarray, prompt: np.ndarray, output: np.n
         raise ValueError("fill_state: State.gaps is shorter than gaps.slots(output)")
     for k in range(len(s.si)):
         s.si[k] = 0
-    for k in range(len(s.sf)):
+    if p99 and len(s.sf) < NUM_SF:
+        raise ValueError("fill_state: State.sf has no room for the ITL histogram (NUM_SF)")
+    for k in range(len(s.sf) if p99 else ITL):  # (the histogram is read only with p99)
         s.sf[k] = 0.0
     for k in range(len(s.slots)):
         s.slots[k] = 0

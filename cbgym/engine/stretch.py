@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from cbgym.engine import gaps
+from cbgym.engine import gaps, itl
 from cbgym.engine.execute import add_gap, finished, record
 from cbgym.engine.jit import no_alloc_kernel
 from cbgym.engine.layout import (
@@ -39,6 +39,7 @@ from cbgym.engine.layout import (
     INBOX,
     INBOX_N,
     ITERATION,
+    ITL,
     KEYED,
     LAST_DT,
     LAST_TOKEN,
@@ -52,6 +53,7 @@ from cbgym.engine.layout import (
     ON_COMPLETION,
     ORDER,
     OUTPUT,
+    P99_ON,
     PAPER,
     PLAN_CTX,
     PLAN_DECODING,
@@ -170,6 +172,7 @@ def decode_stretch(s: State, p: Params) -> bool:
     # the gaps of the steps after the first (the same for every running request; each one's
     # first gap depends on its last token): the largest ones, for the requests' p99s
     buf, top, sn = s.gaps, si[GAP_TOP], np.int64(0)
+    pooled, same = si[P99_ON], np.int64(0)  # (the run's histogram: cbgym.engine.itl)
     until = sf[UNTIL]
     next_at = arrival[inbox[nxt]] if nxt < si[INBOX_N] else np.inf
     while steps < k:
@@ -204,6 +207,8 @@ def decode_stretch(s: State, p: Params) -> bool:
         free -= need
         if steps > 0:  # (the gap as plain iteration measures it)
             sn = gaps.push(buf, 0, sn, top, t - before)
+            if pooled:
+                itl.add(s.sf, ITL, t - before, n)
         steps += 1
         seg_steps += 1
     end_segment(s, p, free, t, seg_begin, seg_steps, dt)
@@ -228,6 +233,11 @@ def decode_stretch(s: State, p: Params) -> bool:
         # its gaps: from its last token to the first step's end, then each step's (largest
         # first, while they can enter its run; usually none can: one cache line)
         first = first_end - last_token[rid]
+        if pooled:
+            if last_token[rid] == begin:
+                same += 1
+            else:
+                itl.add(s.sf, ITL, first, 1)
         if max(first, top_gap) > gap_min[rid]:
             if first > gap_min[rid]:
                 add_gap(s, rid, first)
@@ -242,6 +252,8 @@ def decode_stretch(s: State, p: Params) -> bool:
             continue
         running[m] = rid
         m += 1
+    if same:
+        itl.add(s.sf, ITL, first_end - begin, same)
     si[N_RUN] = m
     if m < n and ci[CONSULT] == ON_COMPLETION:
         si[CHANGED] = 1

@@ -214,7 +214,7 @@ class SchedulingVectorEnv(VectorEnv):
         self.S = L.State(
             np.zeros((N, L.NUM_REQ_ROWS, n), np.int64), np.zeros((N, L.NUM_TIME_ROWS, n)),
             np.zeros((N, L.NUM_ID_ROWS, n), np.int64),
-            np.zeros((N, L.NUM_SI), np.int64), np.zeros((N, L.NUM_SF)),
+            np.zeros((N, L.NUM_SI), np.int64), np.zeros((N, L.ITL)),  # (no ITL histogram)
             np.zeros((N, REC_ROWS, len(L.REC_COLUMNS))), np.zeros((N, 1, 3), np.int64),
             np.zeros((N, 1, 2), np.int64), np.zeros((N, cfg.block_size), np.int64),
             np.zeros((N, gaps.window_slots(base_trace.output_tokens, n))),
