@@ -55,7 +55,13 @@ from cbgym.bench_inputs import (
     scalable,
     window_starts,
 )
-from cbgym.bench_output import BenchResult, format_table, read_outputs, write_outputs
+from cbgym.bench_output import (
+    TABLE_COLUMNS,
+    BenchResult,
+    format_table,
+    read_outputs,
+    write_outputs,
+)
 from cbgym.capacity import CAPACITY_SAMPLE
 from cbgym.engine.config import EngineConfig
 from cbgym.metrics import SLO, config_dict
@@ -74,13 +80,6 @@ class BenchConfig:
         traces: catalogue names (``azure-conv-2023``, ``synthetic-conv``, ...) or file paths.
         policies: policy specs for :func:`cbgym.agents.make_policy` (``noisy-oracle:0.8``).
         loads: offered loads rho = lambda / mu, each > 0 (empty with ``request_rates``).
-        request_rates: instead of ``loads``, send each window at these rates (requests/s)
-            as vLLM's benchmark does (Gamma gaps of shape ``burstiness``, drawn with the
-            cell's seed: :func:`cbgym.workload.at_request_rate`). The sweep's axis is then
-            the rate: the ``load`` column of every table holds it, and ``results.csv``'s
-            ``rho`` says what load it is on that window (rate / mu).
-        burstiness: vLLM's ``--burstiness`` (1: Poisson; lower: burstier), with
-            ``request_rates`` only.
         engines: engine presets (``cbsjf-paper``, ``llama-2-13b/a100-80gb``, ...).
         windows: windows per trace.
         window_requests: requests per window (the study uses 20,000).
@@ -101,13 +100,18 @@ class BenchConfig:
             trace and engine, the study's).
         workers: worker processes (None: ``os.cpu_count()``; 1 runs in this process).
         download: whether missing catalogue traces may be downloaded.
+        request_rates: instead of ``loads``, send each window at these rates (requests/s)
+            as vLLM's benchmark does (Gamma gaps of shape ``burstiness``, drawn with the
+            cell's seed: :func:`cbgym.workload.at_request_rate`). The sweep's axis is then
+            the rate: the ``load`` column of every table holds it, and ``results.csv``'s
+            ``rho`` says what load it is on that window (rate / mu).
+        burstiness: vLLM's ``--burstiness`` (1: Poisson; lower: burstier), with
+            ``request_rates`` only.
     """
 
     traces: tuple[str, ...]
     policies: tuple[str, ...]
     loads: tuple[float, ...]
-    request_rates: tuple[float, ...] = ()
-    burstiness: float = 1.0
     engines: tuple[str, ...] = ("cbsjf-paper",)
     windows: int = 2
     window_requests: int = 4000
@@ -126,6 +130,8 @@ class BenchConfig:
     capacity: str = "per-window"
     workers: int | None = None
     download: bool = False
+    request_rates: tuple[float, ...] = ()
+    burstiness: float = 1.0
 
     def __post_init__(self) -> None:
         checks = [
@@ -430,7 +436,8 @@ def _config_json(cfg: BenchConfig, engines: dict[str, EngineConfig], traces: dic
 
 
 __all__ = [
-    "CAPACITY_MODES", "BenchConfig", "BenchResult", "Cell", "CellOutput", "CellSettings",
-    "check_policy", "engine_overrides", "format_table", "read_outputs", "resolve_engine",
-    "resolve_trace", "run_bench", "run_cell", "scalable", "window_starts", "write_outputs",
+    "CAPACITY_MODES", "TABLE_COLUMNS", "BenchConfig", "BenchResult", "Cell", "CellOutput",
+    "CellSettings", "check_policy", "engine_overrides", "format_table", "read_outputs",
+    "resolve_engine", "resolve_trace", "run_bench", "run_cell", "scalable", "window_starts",
+    "write_outputs",
 ]

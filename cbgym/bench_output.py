@@ -12,6 +12,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+TEXT_COLUMNS = {"trace": str, "engine": str, "policy": str, "loads": str}
+NEEDED = {"results": ("trace", "engine", "policy", "load", "window", "seed"),
+          "table": ("trace", "engine", "policy", "load")}
 TABLES = {"results": "results.csv", "table": "summary.csv", "headline": "headline.csv",
           "accountings": "accountings.csv", "cdf": "cdf.csv"}
 
@@ -111,12 +114,16 @@ def read_outputs(out_dir: str | Path) -> BenchResult:
         if not path.is_file():
             raise ValueError(f"{path}: missing (a cbgym bench --out folder has "
                              f"{', '.join(TABLES.values())} and config.json)")
-        try:
-            frames[key] = pd.read_csv(path)
+        try:  # (names stay text: a policy or trace named "1" is not a number)
+            frames[key] = pd.read_csv(path, dtype=TEXT_COLUMNS)
         except pd.errors.EmptyDataError:
-            frames[key] = pd.DataFrame()
+            raise ValueError(f"{path}: empty (expected a table with a header row)") from None
         except (pd.errors.ParserError, UnicodeDecodeError) as exc:
             raise ValueError(f"{path}: not a CSV table ({str(exc).splitlines()[0]})") from None
+        missing = [c for c in NEEDED.get(key, ()) if c not in frames[key]]
+        if missing:
+            raise ValueError(f"{path}: no column {', '.join(map(repr, missing))} (not a cbgym "
+                             "bench table)")
     path = folder / "config.json"
     try:
         config = json.loads(path.read_text())
@@ -126,6 +133,9 @@ def read_outputs(out_dir: str | Path) -> BenchResult:
         raise ValueError(f"{path}: not JSON ({exc})") from None
     if not isinstance(config, dict) or not isinstance(config.get("bench"), dict):
         raise ValueError(f"{path}: no 'bench' settings (not a cbgym bench config.json)")
+    if config["bench"].get("axis", "rho") not in ("rho", "request_rate"):
+        raise ValueError(f"{path}: bench.axis={config['bench']['axis']!r}, expected 'rho' or "
+                         "'request_rate'")
     return BenchResult(config=config, elapsed_s=float(config.get("elapsed_s", float("nan"))),
                        **frames)
 

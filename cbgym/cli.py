@@ -141,8 +141,9 @@ def _bench_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                        help="policy specs (see cbgym.agents.POLICIES), e.g. fcfs, sjf-ctx, "
                             "cb-sjf-work, oracle-work, oracle-sjf, ljf-work, random, "
                             "noisy-oracle:0.8, cb-sjf-work-aging:0.05")
-    sweep.add_argument("--loads", type=T.listed(T.load, "loads"), default=DEFAULT_LOADS,
-                       metavar="RHO[,RHO...]", help="offered loads rho = lambda / mu, each > 0")
+    sweep.add_argument("--loads", type=T.listed(T.load, "loads"), default=None,
+                       metavar="RHO[,RHO...]",
+                       help=f"offered loads rho = lambda / mu, each > 0 (default {DEFAULT_LOADS})")
     sweep.add_argument("--request-rate", type=T.listed(T.positive_float, "request rates"),
                        default=None, metavar="R[,R...]",
                        help="instead of --loads: send each window at these rates (req/s) as "
@@ -170,8 +171,9 @@ def _bench_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                      help="a request starves if its wait exceeds K x the FCFS median wait of "
                           "the same window (results.csv also counts waits beyond the longest "
                           "FCFS wait: starved_beyond_fcfs_max)")
-    met.add_argument("--cdf-load", type=T.load, default=None, metavar="RHO",
-                     help="load whose latency CDFs are kept and plotted (default: the highest)")
+    met.add_argument("--cdf-load", type=T.load, default=None, metavar="RHO|R",
+                     help="load (or --request-rate) whose latency CDFs are kept and plotted "
+                          "(default: the highest)")
     clu = p.add_argument_group("cluster (docs/cluster.md)")
     clu.add_argument("--cluster", default=None, metavar="PRESET",
                      help="sweep routers on a cluster instead: 'Nx:MODEL/GPU' or "
@@ -230,14 +232,15 @@ def _bench_config(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
     for preset in engines:
         _or_fail(parser, "--engine", lambda e=preset: resolve_engine(e, _engine_overrides(args)))
     rates = tuple(args.request_rate or ())
-    if rates and T.given(args, parser, "loads"):
+    if rates and args.loads is not None:
         parser.error("--request-rate: give --loads or --request-rate, not both")
     if args.burstiness != 1.0 and not rates:
         parser.error("--burstiness: shapes --request-rate's arrivals; give --request-rate")
-    loads = () if rates else tuple(args.loads)
+    loads = () if rates else tuple(args.loads or T.listed(T.load, "loads")(DEFAULT_LOADS))
     for name in args.trace:
         trace = _or_fail(parser, "--trace", lambda n=name: resolve_trace(n, args.download))
-        _or_fail(parser, "--trace", lambda n=name, t=trace: scalable(n, t))  # (mu, rho)
+        if not rates:  # (a rate replaces the arrivals: one instant is fine)
+            _or_fail(parser, "--trace", lambda n=name, t=trace: scalable(n, t))
     if args.cdf_load is not None and args.cdf_load not in (rates or loads):
         parser.error(f"--cdf-load: {args.cdf_load:g} is not one of "
                      + ("--request-rate" if rates else "--loads"))
@@ -289,6 +292,8 @@ def _cmd_bench(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
     if args.cluster is not None or args.routers is not None:
         from cbgym.cluster.cli_bench import cmd_cluster_bench
 
+        if args.loads is None:
+            args.loads = T.listed(T.load, "loads")(DEFAULT_LOADS)
         return cmd_cluster_bench(args, parser, chosen)
     cfg = _bench_config(args, parser)
     if chosen:
@@ -347,11 +352,12 @@ def _print_headline(result: Any) -> None:
     acc = result.accountings
     if len(acc):
         print("\nprefill share (%): marginal work vs simulated engine time under FCFS")
+        axis = "req/s" if result.config["bench"].get("axis") == "request_rate" else "load"
         shown = acc.drop(columns=["fcfs_runs"]).rename(columns={
-            "marginal_work_share_pct": "marginal work %",
+            "marginal_work_share_pct": "marginal work %", "load": axis,
             "engine_time_share_pct": "engine time % (FCFS)"})
         print(shown.to_string(index=False, formatters={
-            "load": "{:g}".format, "marginal work %": "{:.1f}".format,
+            axis: "{:g}".format, "marginal work %": "{:.1f}".format,
             "engine time % (FCFS)": "{:.1f}".format}))
 
 

@@ -207,7 +207,9 @@ class SimulationResult:
         The inter-token latencies ``itl_mean``, ``itl_std``, ``itl_p50`` ... ``itl_p99``
         pool every gap between two tokens of the run, as vLLM's benchmark's
         ``inter_token_latency`` (``mean_itl_ms``, ``median_itl_ms``, ``p99_itl_ms``; NaN in
-        the study's engine mode); per request, ``requests`` has its worst and p99 gap.
+        the study's engine mode, and on a cluster with a pool in that mode), counted as they
+        are streamed, so also those of requests that did not finish after streaming
+        (:mod:`cbgym.engine.itl`); per request, ``requests`` has its worst and p99 gap.
 
         Args:
             warmup: fraction of the earliest-arriving requests left out of the latency

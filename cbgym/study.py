@@ -233,7 +233,8 @@ def aggregate(results: pd.DataFrame) -> pd.DataFrame:
         "mean_norm_latency_ms", "p99_norm_latency_ms", "p99_ratio", "p99_e2e_ratio",
         "starvation_count", "starved_beyond_fcfs_max", "max_queue_s", "goodput_rps",
         "slo_attainment", "num_shed", "throughput_rps", "capacity_rps",
-        "offered_rps", "ttft_p50", "ttft_p99", "queue_p99", "num_preemptions", "wall_seconds",
+        "offered_rps", "rho", "ttft_p50", "ttft_p99", "queue_p99", "itl_mean", "itl_p50",
+        "itl_p99", "num_preemptions", "wall_seconds",
     ) if c in results}
     agg = results.groupby(GROUP_KEYS, sort=True).agg(cols)
     agg.insert(0, "runs", results.groupby(GROUP_KEYS, sort=True).size())

@@ -118,3 +118,56 @@ def test_run_cell_by_rate_matches_the_process_backend(rate_sweep: tuple) -> None
                 int(row0["seed"]), row0["capacity_rps"])
     out = run_cell(cell, CellSettings(2.0, 0.1, 0.1, 1.5, 0.5))
     assert out.row["goodput_rps"] == row0["goodput_rps"]
+
+
+def test_bench_simulate_and_the_python_api_agree_on_one_cell(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """The defaults are one set: a bench cell (the study's engine, rho 0.9, mu measured on
+    the window's first 4,000 requests), ``cbgym simulate`` on the same window, and
+    ``cbgym.simulate(window, engine="cbsjf-paper", load=0.9)`` give the same run."""
+    cfg = BenchConfig(traces=("synthetic-conv",), policies=("fcfs",), loads=(0.9,),
+                      windows=1, window_requests=300, workers=1)
+    row = run_bench(cfg, progress=False).results.iloc[0]
+    assert main(["simulate", "--trace", "synthetic-conv", "--requests", "300", "--json"]) == 0
+    cli = json.loads(capsys.readouterr().out)
+    window = load_trace("synthetic-conv").window(0, 300)
+    api = simulate(window, engine="cbsjf-paper", load=0.9).summary(warmup=0.1)
+    for key in ("goodput_rps", "ttft_p99", "norm_latency_mean", "sim_seconds"):
+        assert row[key] == cli[key] == api[key], key
+
+
+def test_review_fixes_of_the_rate_sweep(capsys: pytest.CaptureFixture[str],
+                                        tmp_path: Path) -> None:
+    """A one-instant trace runs by rate (the rate replaces its arrivals); ``--loads`` given
+    at its default value still clashes with ``--request-rate``; names read back as text."""
+    rows = ["TIMESTAMP,ContextTokens,GeneratedTokens"]
+    rows += [f"2023-11-16 18:15:46.6805900,{100 + k},{5 + k % 7}" for k in range(60)]
+    flat = tmp_path / "flat.csv"
+    flat.write_text("\n".join(rows) + "\n")
+    assert main(["bench", "--trace", str(flat), "--request-rate", "2", "--policies", "fcfs",
+                 "--windows", "1", "--workers", "1", "--quiet", "--no-plots"]) == 0
+    capsys.readouterr()
+    assert "not both" in error_line(capsys, ["bench", "--trace", "synthetic-code", "--loads",
+                                             "0.9", "--request-rate", "2"])
+    cfg = BenchConfig(traces=("synthetic-code",), policies=("fcfs", "oracle-work", "sjf-ctx"),
+                      loads=(0.92,), windows=1, window_requests=200, capacity_sample=200,
+                      workers=1)
+    result = run_bench(cfg, progress=False)
+    write_outputs(result, tmp_path / "sweep", plots=False)
+    assert format_table(read_outputs(tmp_path / "sweep")) == format_table(result)
+    assert read_outputs(tmp_path / "sweep").headline["loads"].tolist() == \
+        result.headline["loads"].tolist()
+    (tmp_path / "sweep" / "summary.csv").write_text("a,b\n1,2\n")
+    with pytest.raises(ValueError, match="no column 'trace'"):
+        read_outputs(tmp_path / "sweep")
+
+
+def test_a_cluster_with_a_study_mode_pool_keeps_no_pooled_itl() -> None:
+    from cbgym import EngineConfig
+    from cbgym.cluster import ClusterConfig, Pool
+
+    tr = load_trace("synthetic-conv").window(0, 200)
+    cfg = ClusterConfig((Pool("unified", 1, EngineConfig(preset="cbsjf-paper")),
+                         Pool("unified", 1, EngineConfig(preset="llama-2-7b/a100-80gb"))))
+    res = simulate(tr, cluster=cfg, load=0.8)
+    assert res.itl_histogram is None and np.isnan(res.summary()["itl_mean"])

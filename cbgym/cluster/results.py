@@ -153,5 +153,5 @@ def cluster_result(c: Cluster, meta: dict) -> ClusterResult:
     return ClusterResult(requests=req, timeseries=timeseries, iterations=None,
                          preemption_log=None, slo=c.slo, meta=meta,
                          num_instances=len(c.engines), clients=clients,
-                         itl_histogram=itl.pooled(c.S.sf[:, L.ITL:]) if c.S.si[:, L.P99_ON].any()
+                         itl_histogram=itl.pooled(c.S.sf[:, L.ITL:]) if c.S.si[:, L.P99_ON].all()
                          else None)
