@@ -80,7 +80,7 @@ def prefill_progress(C: ClusterState, S: State, rid: int, t: float, computed: in
     if not C.ci[PIPELINED]:
         if done:  # D takes it now, its KV still on P
             C.inst[INCOMING, d] -= 1
-            give(C, S, d, rid, t, C.output[rid], 0, L.REMOTE_NEW, 0, 0)
+            give(C, S, d, rid, t, C.output[rid], L.NO_KEEP, L.REMOTE_NEW, L.NO_CAP, L.EVENT_RANK)
         return
     if r[ALLOCATED, rid]:
         send(C, S, rid, t)

@@ -154,13 +154,13 @@ def place(C: ClusterState, S: State, rid: int, t: float, prefill: int, decode: i
     if prefill < 0:
         C.req[DEFLECTED, rid] = C.inst[ROLE, decode] == DECODE
         C.req[CAP, rid] = cap
-        kv.give(C, S, decode, rid, t, out, 0, L.LOCAL, cap, 1)
+        kv.give(C, S, decode, rid, t, out, L.NO_KEEP, L.LOCAL, cap, L.ARRIVAL_RANK)
         return
     C.req[PREFILL_I, rid] = prefill
     keep = L.PIPELINED if C.ci[PIPELINED] else L.BULK
-    kv.give(C, S, prefill, rid, t, 1, keep, L.LOCAL, cap, 1)
+    kv.give(C, S, prefill, rid, t, np.int64(1), keep, L.LOCAL, cap, L.ARRIVAL_RANK)
     if C.ci[PIPELINED]:  # D takes it at once, to hold blocks for each chunk
-        kv.give(C, S, decode, rid, t, out, 0, L.REMOTE_NEW, 0, 1)
+        kv.give(C, S, decode, rid, t, out, L.NO_KEEP, L.REMOTE_NEW, L.NO_CAP, L.ARRIVAL_RANK)
     else:
         C.inst[INCOMING, decode] += 1
 
@@ -300,7 +300,7 @@ def route_next(C: ClusterState, S: State, P: Params, rid: int, t: float) -> int:
     C.si[ROUTE_RID] = rid
     if C.ci[EDGE]:
         C.times[SENT_S, rid] = t
-        if edge_ops.over_cap(C, S, -1):
+        if edge_ops.over_cap(C, S, np.int64(-1)):
             door_shed(C, rid, t)
             return -1
     if C.ci[ROUTER] == ro.DOOR:

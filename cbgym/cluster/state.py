@@ -152,6 +152,16 @@ class ClusterState(NamedTuple):
     link: LinkState
 
 
+def own_inputs(C: ClusterState) -> ClusterState:
+    """``C`` with the trace's columns as writable arrays of its own. numba types a read-only
+    array apart from a writable one (``jit.frozen``), and the cluster env's typed list of
+    states holds writable ones: one type keeps every cluster run on one compiled loop."""
+    f64, i64 = np.float64, np.int64
+    return C._replace(arrival=np.array(C.arrival, f64), prompt=np.array(C.prompt, i64),
+                      output=np.array(C.output, i64), ttft=np.array(C.ttft, f64),
+                      tpot=np.array(C.tpot, f64))
+
+
 def new_link(nic: np.ndarray, setup_s: float, cap: int = 64) -> LinkState:
     n2 = 2 * len(nic)
     return LinkState(np.zeros((NUM_LKI, cap), np.int64), np.zeros((NUM_LKF, cap)),

@@ -100,17 +100,14 @@ def cluster_state(c: Cluster, trace: Trace, router: Router | None, lock_step: bo
     # (a few events per request are pending at once; _grow doubles it if ever short)
     hcap = 4 * n + N * max(e.max_num_seqs for e in config.engines) + 64
     nic = np.full(N, config.link.nic_bytes_per_s)
-    f64, i64 = np.float64, np.int64
-    return K.ClusterState(
-        ci, cf, si, np.zeros(K.NUM_CSF), np.ascontiguousarray(trace.arrival_s[:n0], f64),
-        np.ascontiguousarray(trace.prompt_tokens, i64),
-        np.ascontiguousarray(trace.output_tokens, i64), np.ascontiguousarray(c.ttft, f64),
-        np.ascontiguousarray(c.tpot, f64), req, c._times, inst,
+    return K.own_inputs(K.ClusterState(
+        ci, cf, si, np.zeros(K.NUM_CSF), trace.arrival_s[:n0], trace.prompt_tokens,
+        trace.output_tokens, c.ttft, c.tpot, req, c._times, inst,
         peer, np.zeros(hcap),
         np.zeros((4, hcap), np.int64), np.zeros(n + 64, np.int64),
         np.zeros((len(LOAD_FIELDS), N)), np.zeros((len(LOAD_FIELDS), N)),
         np.zeros(K.ROUTE_FIELDS, np.int64), jitter,
-        K.new_link(nic, config.link.setup_s, cap=max(64, min(n, 4096) + 8)))
+        K.new_link(nic, config.link.setup_s, cap=max(64, min(n, 4096) + 8))))
 
 
 def batched_state(trace: Trace, config: ClusterConfig) -> L.State:

@@ -19,8 +19,14 @@ frozen into the code too), and empties the folder's kernel files when the stamp 
 changed can still store it there: restart long runs after editing kernels.)
 
 NOTE on literals: numba compiles a kernel once per *literal* value a Python int argument
-takes (``f(s, 0)`` and ``f(s, n)`` are two compilations). The kernels' constants are numpy
-ints (``cbgym.engine.layout``) and counters that flow into calls start as ``np.int64(0)``.
+takes (``f(s, 0)`` and ``f(s, n)`` are two compilations), and once per literal ``True`` or
+``False``. The kernels' constants are numpy ints and bools (``cbgym.engine.layout``: ``YES``
+and ``NO`` for flags) and counters that flow into calls start as ``np.int64(0)``.
+
+NOTE on read-only arrays: numba types a read-only array apart from a writable one, so a
+trace column that reaches a kernel read-only in one run (a loaded trace) and writable in
+another (an unpickled env, a slice copy) compiles every kernel above it twice. Columns enter
+the kernels through :func:`frozen`, read-only always.
 
 NOTE on speed: the engine's kernels allocate no arrays (scratch lives in the state), so they
 are compiled without reference counting (:func:`no_alloc_kernel`); the env's kernels, which
@@ -54,6 +60,13 @@ _DEFINES_KERNEL = re.compile(r"^@(no_alloc_|parallel_)?kernel$", re.M)
 _IMPORTS = re.compile(r"^from (cbgym(?:\.\w+)*) import \(?([\w ,\n]+)\)?|^import (cbgym[\w.]*)",
                       re.M)
 _CHECKED: set[str] = set()
+
+
+def frozen(a: Any, dtype: type) -> np.ndarray:
+    """``a`` as a contiguous read-only array of ``dtype`` (a view where no copy is needed)."""
+    view = np.ascontiguousarray(a, dtype=dtype).view()
+    view.flags.writeable = False
+    return view
 
 
 def kernel(fn: Callable) -> Any:

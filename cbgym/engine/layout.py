@@ -76,9 +76,14 @@ PENDING, WAITING, RUNNING, FINISHED, SHED = _codes(5)
 # reachable from every iteration's admission slowed every run by about 10%)
 AT_DECISION, DRAINED, NEED_ROOM, TOO_MANY_IDLE_TICKS, AT_HORIZON, TURNS_DUE, TURNS_IDLE = (
     _codes(7))
+# flags passed between kernels: numpy bools, never a Python literal (see _codes)
+YES, NO = np.bool_(True), np.bool_(False)
 # KEEP_KV values: a prefill instance's request keeps its blocks after it ends (BULK); with a
-# pipelined link it also reports each prompt chunk it computes (PIPELINED)
-BULK, PIPELINED = np.int64(1), np.int64(2)
+# pipelined link it also reports each prompt chunk it computes (PIPELINED); 0 for any other
+NO_KEEP, BULK, PIPELINED = _codes(3)
+# RANK values: where a delivery goes among the inbox's deliveries of the same instant
+EVENT_RANK, ARRIVAL_RANK = _codes(2)
+NO_CAP = np.int64(0)  # CHUNK_CAP: the budget's
 # where a request's KV comes from on a decode instance (State.req[REMOTE]): computed here
 # (LOCAL), or by a prefill instance and sent over: NEW (no blocks yet), PENDING (blocks for
 # the whole prompt held, the transfer in flight: vLLM's WAITING_FOR_REMOTE_KVS), READY

@@ -48,6 +48,7 @@ from cbgym.engine.layout import (
     N_WAIT,
     NEVER,
     NEXT_ARRIVAL,
+    NO,
     NOW,
     NUM_BLOCKS,
     ON_COMPLETION,
@@ -248,7 +249,7 @@ def decode_stretch(s: State, p: Params) -> bool:
         last_token[rid] = t
         if not ci[PAPER]:  # a decoding request holds exactly the blocks its tokens need
             held[rid] = -(-computed[rid] // bs)
-        if last and finished(s, p, rid, False):
+        if last and finished(s, p, rid, NO):
             continue
         running[m] = rid
         m += 1

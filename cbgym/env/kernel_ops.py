@@ -411,7 +411,7 @@ def step_decision(s: State, p: Params, e: EnvState, order: np.ndarray, has_order
     decision point or drained. Returns (code, observation, outcome); on any other code
     (NEED_ROOM, TOO_MANY_IDLE_TICKS) the caller settles, then calls :func:`finish_step`."""
     code = decide(s, p, order, has_order, shed_ids, L.R_AGENT, victims, has_victims,
-                  np.empty(0, np.int64), True)
+                  np.empty(0, np.int64), L.YES)
     if code != L.AT_DECISION and code != L.DRAINED:
         empty = np.empty(0, np.float32)
         return code, (empty, empty, empty, empty, empty, np.empty(0)), np.empty(0)
@@ -431,4 +431,4 @@ def step_scores(s: State, p: Params, e: EnvState, a: np.ndarray) -> tuple[int, _
             empty = np.empty(0, np.float32)
             return INVALID_ACTION, (empty, empty, empty, empty, empty, np.empty(0)), np.empty(0)
     order, shed, victims = decode_scores(s, e, a)
-    return step_decision(s, p, e, order, True, shed, victims, len(victims) > 0)
+    return step_decision(s, p, e, order, L.YES, shed, victims, len(victims) > 0)

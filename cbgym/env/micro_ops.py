@@ -88,7 +88,7 @@ def chosen(e: EnvState, m: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def observe_point(s: State, e: EnvState, m: np.ndarray) -> tuple:
     """The observation mid-way through a decision point (chosen slots flagged)."""
     cw, cr = chosen(e, m)
-    return ko.observe(s, e, False, cw, cr)
+    return ko.observe(s, e, L.NO, cw, cr)
 
 
 @kernel
@@ -105,8 +105,8 @@ def run_point(s: State, p: Params, e: EnvState, m: np.ndarray) -> tuple:
         victims = np.empty(len(cr), np.int64)
         for c in range(len(cr)):
             victims[c] = e.win[ko.W_IDS + K + cr[c]]
-        return ko.step_decision(s, p, e, none, False, none, victims, True)
+        return ko.step_decision(s, p, e, none, L.NO, none, victims, L.YES)
     order = np.empty(len(cw), np.int64)
     for c in range(len(cw)):
         order[c] = e.win[ko.W_IDS + cw[c]]
-    return ko.step_decision(s, p, e, order, True, none, none, False)
+    return ko.step_decision(s, p, e, order, L.YES, none, none, L.NO)

@@ -202,15 +202,10 @@ class SchedulingVectorEnv(VectorEnv):
         self.host_free = np.int64(host_swap_tokens(cfg))
         ttft, tpot = slo_arrays(proto.slo, base_trace.slo_class)
         mu = proto._capacity_of(base_trace) if proto.load is not None else np.nan
-        self.base = vo.Base(
-            np.ascontiguousarray(base_trace.arrival_s, dtype=np.float64),
-            np.ascontiguousarray(base_trace.prompt_tokens, dtype=np.int64),
-            np.ascontiguousarray(base_trace.output_tokens, dtype=np.int64),
-            np.ascontiguousarray(ttft, dtype=np.float64),
-            np.ascontiguousarray(tpot, dtype=np.float64),
-            np.ascontiguousarray(slot_template(base_trace.prompt_tokens, base_trace.tenant,
-                                               base_trace.slo_class), dtype=np.float64),
-            np.array([mu], np.float64))
+        self.base = vo.frozen_base(vo.Base(
+            base_trace.arrival_s, base_trace.prompt_tokens, base_trace.output_tokens, ttft, tpot,
+            slot_template(base_trace.prompt_tokens, base_trace.tenant, base_trace.slo_class),
+            np.array([mu])))
         self.S = L.State(
             np.zeros((N, L.NUM_REQ_ROWS, n), np.int64), np.zeros((N, L.NUM_TIME_ROWS, n)),
             np.zeros((N, L.NUM_ID_ROWS, n), np.int64),
@@ -397,6 +392,7 @@ class SchedulingVectorEnv(VectorEnv):
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
+        self.base = vo.frozen_base(self.base)  # (unpickled arrays are writable)
         self._bind()
 
     def close_extras(self, **kwargs: Any) -> None:

@@ -26,7 +26,7 @@ import numba
 import numpy as np
 
 from cbgym.engine import layout as L
-from cbgym.engine.jit import kernel, parallel_kernel
+from cbgym.engine.jit import frozen, kernel, parallel_kernel
 from cbgym.engine.layout import Params, State, fill_state
 from cbgym.engine.loop import advance
 from cbgym.env import kernel_ops as ko
@@ -56,6 +56,12 @@ class Base(NamedTuple):
     tpot: np.ndarray
     template: np.ndarray  # (n, F) static slot features (observation.slot_template)
     mu: np.ndarray  # (1,) the capacity load is relative to (requests/s)
+
+
+def frozen_base(b: Base) -> Base:
+    """``b`` with every column read-only (one type for the kernels, see ``jit.frozen``)."""
+    return Base(*(frozen(a, np.int64 if k in ("prompt", "output") else np.float64)
+                  for k, a in zip(Base._fields, b, strict=True)))
 
 
 class Windows(NamedTuple):
@@ -228,7 +234,7 @@ def step_env(s: State, p: Params, e: EnvState, v: np.ndarray, acts: Acts, out: O
     clear_outcome(out, i)
     if v[DRAINED]:  # every request ended before the first decision: nothing to act on
         none = np.empty(0, np.int64)
-        write_obs(out, i, ko.observe(s, e, True, none, none), K, R)
+        write_obs(out, i, ko.observe(s, e, L.YES, none, none), K, R)
         out.info_i[I_TERMINATED, i] = True
         if acts.mode[0] and acts.picks[i] != K + R:
             out.info_i[I_INVALID, i] = 1
@@ -253,7 +259,7 @@ def step_env(s: State, p: Params, e: EnvState, v: np.ndarray, acts: Acts, out: O
     out.info_f[F_NOW, i] = s.sf[L.NOW]
     v[ENDED] = out.info_i[I_TERMINATED, i] or out.info_i[I_TRUNCATED, i]
     if v[ENDED]:
-        mo.begin_point(e, m, mask, True)  # STOP only until the next episode
+        mo.begin_point(e, m, mask, L.YES)  # STOP only until the next episode
 
 
 @kernel
@@ -290,12 +296,14 @@ def begin_again(S: State, p: Params, E: EnvState, V: np.ndarray, base: Base, win
     out.info_i[I_TRUNCATED, i] = final.info_i[I_TRUNCATED, i]
 
 
-@parallel_kernel
+@kernel
 def reset_batch(S: State, p: Params, E: EnvState, V: np.ndarray, base: Base, win: Windows,
                 acts: Acts, out: Out, which: np.ndarray, n: int, host_free: int,
                 scratch: np.ndarray) -> None:
-    """Start a new episode in every env with ``which[i]`` (its drawn window)."""
-    for i in numba.prange(len(which)):
+    """Start a new episode in every env with ``which[i]`` (its drawn window). Serial: a
+    reset of every env is rare (autoresets run in step_batch), and numba's parallel build
+    of this loop took 10 s of the vector env's first compile."""
+    for i in range(len(which)):
         if which[i]:
             begin(S, p, E, V, base, win, acts, out, i, n, host_free, scratch)
 
@@ -331,7 +339,8 @@ def step_batch(S: State, p: Params, E: EnvState, V: np.ndarray, base: Base, win:
         bad = first_invalid(acts.scores, reset)
         if bad >= 0:
             return -1 - bad
-    for i in numba.prange(len(reset)):
+    for j in numba.prange(len(reset)):
+        i = np.int64(j)  # (prange's index is uint64 in the parallel body: one type, one build)
         if reset[i]:
             begin(S, p, E, V, base, win, acts, out, i, n, host_free, scratch)
         else:
