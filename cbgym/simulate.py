@@ -7,8 +7,9 @@ import math
 import os
 import time
 from numbers import Integral, Real
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import pandas as pd
 
 from cbgym.engine import layout as L
@@ -119,6 +120,21 @@ def run_engine(engine: Engine, policy: Policy) -> None:
         engine.decide(policy.decide(dp))
 
 
+
+def start_engine(trace: Trace, cfg: EngineConfig, pol: Policy, seed: int,
+                 ttft_target_s: np.ndarray, **engine_kw: Any) -> Engine:
+    """``pol`` reset for ``trace`` and the engine that serves it under ``pol``, ready to
+    run (``engine_kw``: the rest of :class:`Engine`'s arguments)."""
+    pol.reset(PolicyContext(
+        config=cfg, num_requests=len(trace), seed=seed,
+        true_output_tokens=trace.output_tokens if pol.privileged else None,
+        prompt_tokens=trace.prompt_tokens, arrival_s=trace.arrival_s,
+        ttft_target_s=ttft_target_s, priority=trace.priority, slo_class=trace.slo_class))
+    # a static key runs inside the compiled loop: no Python call per decision
+    keys = pol.static_keys()
+    return Engine(trace, cfg, consult=pol.consult, keys=keys,
+                  victim_by_key=pol.victim_by_key and keys is not None, **engine_kw)
+
 def simulate(
     trace: Trace | str | os.PathLike[str],
     policy: str | Policy | type[Policy] = "fcfs",
@@ -217,19 +233,9 @@ def simulate(
         from cbgym.capacity import scale_to_load
 
         trace = scale_to_load(trace, load, cfg, capacity_rps=capacity_rps)
-    pol.reset(PolicyContext(
-        config=cfg, num_requests=len(trace), seed=seed,
-        true_output_tokens=trace.output_tokens if pol.privileged else None,
-        prompt_tokens=trace.prompt_tokens, arrival_s=trace.arrival_s,
-        ttft_target_s=slo_arrays(slo, trace.slo_class)[0], priority=trace.priority,
-        slo_class=trace.slo_class,
-    ))
     wall = time.perf_counter()
-    # a static key runs inside the compiled loop: no Python call per decision
-    keys = pol.static_keys()
-    eng = Engine(trace, cfg, consult=pol.consult, record_iterations=record_iterations,
-                 keys=keys, victim_by_key=pol.victim_by_key and keys is not None,
-                 closed_loop=closed_loop)
+    eng = start_engine(trace, cfg, pol, seed, slo_arrays(slo, trace.slo_class)[0],
+                       record_iterations=record_iterations, closed_loop=closed_loop)
     try:
         run_engine(eng, pol)
     except EngineStuckError as exc:

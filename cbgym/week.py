@@ -38,9 +38,9 @@ import pandas as pd
 from cbgym.engine import itl
 from cbgym.engine import layout as L
 from cbgym.engine.config import EngineConfig
-from cbgym.engine.decision import PolicyContext
 from cbgym.engine.engine import Engine
 from cbgym.metrics import SLO
+from cbgym.simulate import start_engine
 from cbgym.workload.synthetic import LENGTH_FITS, LengthMixture
 from cbgym.workload.trace import Trace
 
@@ -310,14 +310,7 @@ def run_week(source: WeekSource, engine: EngineConfig | str = "cbsjf-paper",
 def _run_segment(cfg: EngineConfig, pol: Any, arrival: np.ndarray, prompt: np.ndarray,
                  output: np.ndarray, run_engine: Any) -> Engine:
     tr = Trace.from_arrays(arrival, prompt, output, name="week-segment", rebase=False)
-    pol.reset(PolicyContext(
-        config=cfg, num_requests=len(tr), seed=0,
-        true_output_tokens=tr.output_tokens if pol.privileged else None,
-        prompt_tokens=tr.prompt_tokens, arrival_s=tr.arrival_s,
-        ttft_target_s=np.full(len(tr), np.inf), priority=tr.priority, slo_class=tr.slo_class))
-    keys = pol.static_keys()
-    eng = Engine(tr, cfg, consult=pol.consult, keys=keys, itl_p99=False,
-                 victim_by_key=pol.victim_by_key and keys is not None)
+    eng = start_engine(tr, cfg, pol, 0, np.full(len(tr), np.inf), itl_p99=False)
     run_engine(eng, pol)
     return eng
 
