@@ -53,6 +53,7 @@ from cbgym.bench_inputs import (
     resolve_engine,
     resolve_trace,
     scalable,
+    window_span,
     window_starts,
 )
 from cbgym.bench_output import (
@@ -107,6 +108,8 @@ class BenchConfig:
             ``rho`` says what load it is on that window (rate / mu).
         burstiness: vLLM's ``--burstiness`` (1: Poisson; lower: burstier), with
             ``request_rates`` only.
+        window_range: the part of each trace the windows are drawn from, as fractions of
+            its requests (``(0.4, 1.0)``: after a predictor's training split).
     """
 
     traces: tuple[str, ...]
@@ -132,6 +135,7 @@ class BenchConfig:
     download: bool = False
     request_rates: tuple[float, ...] = ()
     burstiness: float = 1.0
+    window_range: tuple[float, float] = (0.0, 1.0)
 
     def __post_init__(self) -> None:
         checks = [
@@ -158,6 +162,8 @@ class BenchConfig:
             (self.workers is None or self.workers >= 1, "workers", "an integer >= 1"),
             (self.preemption in (None, "recompute", "swap"), "preemption",
              "'recompute' or 'swap'"),
+            (len(self.window_range) == 2 and 0.0 <= self.window_range[0]
+             < self.window_range[1] <= 1.0, "window_range", "fractions 0 <= lo < hi <= 1"),
         ]
         for ok, name, expected in checks:
             if not ok:
@@ -257,9 +263,9 @@ def _cut_windows(traces: dict[str, Trace], cfg: BenchConfig
     starts: dict[tuple[str, int], int] = {}
     notes: list[str] = []
     for name, trace in traces.items():
-        count = min(cfg.window_requests, len(trace))
-        first = window_starts(len(trace), cfg.windows, count)
-        overlap = len(first) * count > len(trace)
+        first = window_starts(len(trace), cfg.windows, cfg.window_requests, cfg.window_range)
+        lo, hi, count = window_span(len(trace), cfg.window_requests, cfg.window_range)
+        overlap = len(first) * count > hi - lo
         notes.append(
             f"{name}: {len(trace)} requests -> {len(first)} window(s) of {count} starting at "
             f"{', '.join(map(str, first))}" + (" (overlapping)" if overlap else ""))

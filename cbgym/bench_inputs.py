@@ -82,17 +82,29 @@ def _first_line(exc: BaseException) -> str:
 CAPACITY_MODES = ("per-window", "per-trace")
 
 
-def window_starts(num_requests: int, windows: int, count: int) -> list[int]:
+def window_span(num_requests: int, count: int,
+                span: tuple[float, float] = (0.0, 1.0)) -> tuple[int, int, int]:
+    """The requests ``[lo, hi)`` a ``span`` of the trace covers, and the window length in
+    it (``count`` clipped to the span)."""
+    lo = min(int(np.ceil(span[0] * num_requests)), num_requests - 1)
+    hi = max(int(np.floor(span[1] * num_requests)), lo + 1)
+    return lo, hi, min(count, hi - lo)
+
+
+def window_starts(num_requests: int, windows: int, count: int,
+                  span: tuple[float, float] = (0.0, 1.0)) -> list[int]:
     """Evenly spaced window starts: disjoint when ``windows * count <= num_requests``.
 
-    A window longer than the trace is clipped to it, and duplicate starts (more windows than
-    distinct positions) are dropped.
+    ``span``: the fractions of the trace (by request) the windows are drawn from, e.g.
+    ``(0.4, 1.0)`` for the part after a predictor's training split. A window longer than
+    that part is clipped to it, and duplicate starts (more windows than distinct positions)
+    are dropped.
     """
-    count = min(count, num_requests)
-    last = num_requests - count
-    starts = np.rint(np.linspace(0, last, windows)).astype(int) if windows > 1 else [0]
+    lo, hi, count = window_span(num_requests, count, span)
+    last = hi - count
+    starts = np.rint(np.linspace(lo, last, windows)).astype(int) if windows > 1 else [lo]
     return sorted({int(s) for s in starts})
 
 
 __all__ = ["CAPACITY_MODES", "check_policy", "engine_overrides", "resolve_engine",
-           "resolve_trace", "scalable", "window_starts"]
+           "resolve_trace", "scalable", "window_span", "window_starts"]

@@ -156,6 +156,9 @@ def _bench_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                        help="windows per trace")
     sweep.add_argument("--window-requests", type=T.int_at_least(2), default=4000, metavar="M",
                        help="requests per window (the study uses 20,000; clipped to the trace)")
+    sweep.add_argument("--window-range", type=T.span, default=(0.0, 1.0), metavar="LO:HI",
+                       help="draw the windows from this part of each trace, as fractions of "
+                            "its requests (e.g. 0.4:1: after a predictor's training split)")
     sweep.add_argument("--seeds", type=T.listed(T.seed, "integer seeds"), default="0",
                        metavar="S[,S...]", help="seeds for randomised policies")
     sweep.add_argument("--capacity-sample", type=T.int_at_least(2), default=4000, metavar="K",
@@ -249,7 +252,8 @@ def _bench_config(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
         traces=tuple(args.trace), policies=tuple(args.policies), loads=loads,
         request_rates=rates, burstiness=args.burstiness,
         engines=engines, windows=args.windows, window_requests=args.window_requests,
-        seeds=tuple(args.seeds), max_num_seqs=over.get("max_num_seqs"),
+        window_range=args.window_range, seeds=tuple(args.seeds),
+        max_num_seqs=over.get("max_num_seqs"),
         max_num_batched_tokens=over.get("max_num_batched_tokens"),
         preemption=over.get("preemption"), chunked_prefill=over.get("chunked_prefill", True),
         prefix_caching=over.get("enable_prefix_caching", False),

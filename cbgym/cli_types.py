@@ -86,6 +86,19 @@ def fraction(text: str) -> float:
     return value
 
 
+def span(text: str) -> tuple[float, float]:
+    """``LO:HI``: a part of a trace as fractions of its requests, 0 <= LO < HI <= 1."""
+    lo, colon, hi = text.partition(":")
+    try:
+        a, b = float(lo), float(hi)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected LO:HI (fractions, e.g. 0.4:1), got "
+                                         f"{text!r}") from None
+    if not (colon and 0 <= a < b <= 1):
+        raise argparse.ArgumentTypeError(f"expected LO:HI with 0 <= LO < HI <= 1, got {text!r}")
+    return (a, b)
+
+
 def int_at_least(low: int) -> Callable[[str], int]:
     def parse(text: str) -> int:
         try:

@@ -129,7 +129,8 @@ def start_engine(trace: Trace, cfg: EngineConfig, pol: Policy, seed: int,
         config=cfg, num_requests=len(trace), seed=seed,
         true_output_tokens=trace.output_tokens if pol.privileged else None,
         prompt_tokens=trace.prompt_tokens, arrival_s=trace.arrival_s,
-        ttft_target_s=ttft_target_s, priority=trace.priority, slo_class=trace.slo_class))
+        ttft_target_s=ttft_target_s, priority=trace.priority, slo_class=trace.slo_class,
+        trace_name=trace.name, clock_s=trace.extra.get("epoch_s")))
     # a static key runs inside the compiled loop: no Python call per decision
     keys = pol.static_keys()
     return Engine(trace, cfg, consult=pol.consult, keys=keys,

@@ -28,7 +28,9 @@ AGING_WEIGHT = "0.5"
 # for key policies with vLLM's default victims, does not play; vtc, drr, wfq: their order
 # depends on what each tenant has received, no key of a request's own)
 FAST_PATH_ONLY = {"random", "oracle-srpt", "slo-edf", "cb-sjf-work-shed", "learned", "priority",
-                  "vtc", "drr", "wfq", "token-bucket", "strict-tiers", "least-slack"}
+                  "vtc", "drr", "wfq", "token-bucket", "strict-tiers", "least-slack",
+                  # predictions from features at arrival, not in the observation
+                  "sjf-pred", "sjf-pred-aging", "cb-sjf-work-pred", "cb-sjf-work-pred-aging"}
 
 
 def spec(name: str) -> str:

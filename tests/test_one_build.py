@@ -44,9 +44,9 @@ def test_the_vector_env_builds_its_kernels_once() -> None:
     env.reset(seed=0)
     env.step(env.action_space.sample())
     pickle.loads(pickle.dumps(env.unwrapped)).step(env.action_space.sample())
-    assert builds(vo.step_batch) == builds(vo.reset_batch) == 1
-    assert builds(vo.begin) == builds(vo.step_env) == 1
-    assert builds(ko.step_scores) == 1
+    assert builds(vo.step_batch) == builds(vo.reset_batch) == builds(ko.step_scores) == 1
+    # (functions they call: built with them, or not at all when they came from the cache)
+    assert builds(vo.begin) <= 1 and builds(vo.step_env) <= 1
 
 
 def test_a_cluster_and_the_cluster_env_share_one_build() -> None:

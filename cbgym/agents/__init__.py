@@ -6,6 +6,8 @@ name                   admits first                                             
 fcfs                   queue order (vLLM's default)                                no
 sjf-ctx                fewest prompt tokens                                        no
 cb-sjf-work[:global]   least estimated work c_f + c_p x + c_d yhat (content-blind)  no
+cb-sjf-work:hgb        the same, yhat from the study's learned predictor (frozen)    no
+sjf-pred[:FILE]        shortest predicted output (the study's SJF-Pred)              no
 ljf-work               most estimated work (control)                               no
 random                 a random priority fixed per request (control)               no
 oracle-sjf             shortest true output                                        yes
@@ -50,6 +52,7 @@ from cbgym.agents.noisy_oracle import NoisyOracle, NoisyOracleWork
 from cbgym.agents.oracle_srpt import OracleSRPT
 from cbgym.agents.oracles import OracleSJF, OracleWork
 from cbgym.agents.params import check_arity
+from cbgym.agents.predicted import CBSJFWorkPred, SJFPred
 from cbgym.agents.prefix import PREFIX_POLICIES
 from cbgym.agents.priority import Priority
 from cbgym.agents.random_order import RandomOrder
@@ -63,7 +66,8 @@ from cbgym.engine.decision import Policy
 POLICIES: dict[str, type[Policy]] = {
     cls.name: cls
     for cls in (FCFS, SJFCtx, CBSJFWork, LJFWork, RandomOrder, OracleSJF, OracleWork,
-                OracleSRPT, NoisyOracle, NoisyOracleWork, *AGING_POLICIES, SLOEarliestDeadline,
+                OracleSRPT, NoisyOracle, NoisyOracleWork, SJFPred, CBSJFWorkPred, *AGING_POLICIES,
+                SLOEarliestDeadline,
                 CBSJFWorkShed, Priority, StrictTiers, LeastSlack, VTC, DRR, WFQ, TokenBucket,
                 LearnedPolicy, *PREFIX_POLICIES)
 }
@@ -150,7 +154,7 @@ __all__ = [
     "POLICIES", "make_policy", "with_aging", "KeyPolicy", "QueueView", "FCFS", "SJFCtx",
     "CBSJFWork", "CBSJFWorkShed", "LJFWork", "Priority", "VTC", "DRR", "WFQ",
     "TokenBucket", "StrictTiers", "LeastSlack", "RandomOrder",
-    "SLOEarliestDeadline",
+    "SLOEarliestDeadline", "SJFPred", "CBSJFWorkPred",
     "OracleSJF",
     "OracleWork",
     "OracleSRPT",

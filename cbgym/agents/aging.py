@@ -30,6 +30,7 @@ from cbgym.agents.cb_sjf_work import CBSJFWork
 from cbgym.agents.noisy_oracle import NoisyOracle, NoisyOracleWork
 from cbgym.agents.oracles import OracleSJF, OracleWork
 from cbgym.agents.params import check_arity, parse_float
+from cbgym.agents.predicted import CBSJFWorkPred, SJFPred
 from cbgym.agents.sjf_ctx import SJFCtx
 from cbgym.engine.decision import PolicyContext
 
@@ -114,10 +115,12 @@ OracleWorkAging = with_aging(OracleWork)
 NoisyOracleAging = with_aging(NoisyOracle)
 NoisyOracleWorkAging = with_aging(NoisyOracleWork)
 
+SJFPredAging = with_aging(SJFPred)
+CBSJFWorkPredAging = with_aging(CBSJFWorkPred)
 SJFCtxSLOAging = with_aging(SJFCtx, per_slo=True)
 CBSJFWorkSLOAging = with_aging(CBSJFWork, per_slo=True)
 
 AGING_POLICIES: tuple[type[KeyPolicy], ...] = (
     SJFCtxAging, CBSJFWorkAging, OracleSJFAging, OracleWorkAging, NoisyOracleAging,
-    NoisyOracleWorkAging, SJFCtxSLOAging, CBSJFWorkSLOAging,
+    NoisyOracleWorkAging, SJFPredAging, CBSJFWorkPredAging, SJFCtxSLOAging, CBSJFWorkSLOAging,
 )

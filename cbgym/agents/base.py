@@ -49,6 +49,9 @@ class QueueView:
     # prefix caching: tokens of each request the cache holds now (DecisionPoint.
     # cached_tokens); None where the engine has no prefix cache (as if nothing were cached)
     cached_tokens: np.ndarray | None = None
+    # a learned predictor's output length per request, taken at its arrival (policies with
+    # a predictor: cbgym.agents.predicted); None otherwise
+    predicted_output: np.ndarray | None = None
 
     def uncached_tokens(self) -> np.ndarray:
         """Prefill left after cache hits: prompt + generated - cached (what admission must

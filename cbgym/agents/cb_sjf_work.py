@@ -21,8 +21,12 @@ class CBSJFWork(WorkKeyPolicy):
     ``num_generated + 1``. Keys are seconds of work priced by the engine's cost model. Not
     privileged.
 
+    ``estimator="hgb"`` (or a predictor file) is the study's own key, ``yhat`` from its
+    learned predictor: ``cb-sjf-work:hgb`` builds a
+    :class:`cbgym.agents.predicted.CBSJFWorkPred`.
+
     Args:
-        estimator: ``"bucket"`` (default) or ``"global"``.
+        estimator: ``"bucket"`` (default), ``"global"``, or ``"hgb"`` / a predictor file.
     """
 
     name = "cb-sjf-work"
@@ -32,6 +36,13 @@ class CBSJFWork(WorkKeyPolicy):
     # a request finished: the fast path then ranks with the same statistic the env agent,
     # which recomputes keys at every step, sees.
     consult = "on_completion"
+
+    def __new__(cls, estimator: str = "bucket", *args: object) -> CBSJFWork:
+        if cls is CBSJFWork and estimator not in ESTIMATORS:  # the learned predictor's key
+            from cbgym.agents.predicted import CBSJFWorkPred
+
+            return CBSJFWorkPred(estimator)  # type: ignore[return-value]
+        return super().__new__(cls)
 
     def __init__(self, estimator: str = "bucket",
                  prior_output_tokens: float = PRIOR_OUTPUT_TOKENS) -> None:

@@ -69,6 +69,9 @@ class DecisionPoint:
     # content-blind as KV pressure.
     cached_tokens: np.ndarray | None = None
     prefix_cache_hit_rate: float = float("nan")
+    # when each request completed (s), indexed by id; meaningful for ``finished`` ids only
+    # (a front end sees a response end: content-blind)
+    finish_s: np.ndarray | None = None
     # the engine's compiled state, for cbgym's own compiled observation encoder (the learned
     # policy builds the env's exact observation from it). It holds true output lengths:
     # policies never read it.
@@ -180,6 +183,10 @@ class PolicyContext:
     priority: np.ndarray | None = None
     # every request's SLO class (with ``ttft_target_s``: each class's target)
     slo_class: np.ndarray | None = None
+    # the trace's name and each request's recorded wall-clock arrival (Unix seconds, UTC;
+    # the trace's ``extra["epoch_s"]``), where known: metadata, as content-blind as arrivals
+    trace_name: str | None = None
+    clock_s: np.ndarray | None = None
 
 
 class Policy:

@@ -180,6 +180,7 @@ class Engine:
                 "computed": ro(r.computed), "generated": ro(r.generated),
                 "preemptions": ro(r.preemptions), "tenant": ro(r.tenant),
                 "slo_class": ro(r.slo_class), "finish_order": ro(r.finish_order),
+                "finish_s": ro(r.finish_s),
                 "held": ro(self.kv.held), "lookup": ro(self.state.req[L.LOOKUP])}
 
     def __getstate__(self) -> dict:
@@ -369,6 +370,7 @@ class Engine:
             total_preemptions=self.total_preemptions,
             config=self.config,
             **(self._cache_view() if self.prefix_caching else {}),
+            finish_s=ro["finish_s"],
             kernel_state=s,
         )
 

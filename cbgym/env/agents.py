@@ -24,8 +24,10 @@ Whenever the waiting queue fits in the window (at most K waiting), the agent rep
 fast path (``cbgym.simulate`` with the same policy) request for request, bit for bit. The
 exceptions: ``random`` draws fresh scores on the env (its fast-path keys are per request id,
 which the view does not carry; see :class:`cbgym.agents.RandomOrder`), and preemptive
-``oracle-srpt`` and the shedding ``slo-edf`` and ``cb-sjf-work-shed`` (``sheds = True``) run
-on the fast path only (constructing an EnvAgent for them raises ``TypeError``).
+``oracle-srpt``, the shedding ``slo-edf`` and ``cb-sjf-work-shed`` (``sheds = True``) and the
+learned-predictor policies (``sjf-pred``, ``cb-sjf-work:hgb``: each request's prediction uses
+its features at arrival, which the observation does not carry) run on the fast path only
+(constructing an EnvAgent for them raises ``TypeError``).
 """
 
 from __future__ import annotations
@@ -57,9 +59,11 @@ _SIM_TIME = global_index("sim_time")
 def _plays_env(policy: Policy) -> bool:
     """Key policies that do not shed (their keys alone are their decisions), and the random
     control (its ``keys`` draws fresh scores on the env)."""
+    from cbgym.agents.predicted import PredictedOutput
     from cbgym.agents.random_order import RandomOrder
 
-    return isinstance(policy, KeyPolicy | RandomOrder) and not getattr(policy, "sheds", False)
+    return (isinstance(policy, KeyPolicy | RandomOrder) and not getattr(policy, "sheds", False)
+            and not isinstance(policy, PredictedOutput))
 
 
 class EnvAgent:
@@ -80,8 +84,9 @@ class EnvAgent:
 
         self.policy = resolve_policy(policy)
         if not _plays_env(self.policy):
-            raise TypeError(f"policy {self.policy.name!r} is not a key policy (or it sheds): "
-                            "it runs on the fast path (cbgym.simulate) only")
+            raise TypeError(f"policy {self.policy.name!r} is not a key policy (or it sheds, "
+                            "or predicts from features at arrival): it runs on the fast path "
+                            "(cbgym.simulate) only")
         base = env.unwrapped
         if not isinstance(base, SchedulingEnv):
             raise TypeError(f"EnvAgent needs a cbgym SchedulingEnv, got {type(base).__name__}")

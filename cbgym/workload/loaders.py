@@ -338,6 +338,8 @@ def load_azure(path: str | Path, *, drop_zero_output: bool = False) -> Trace:
     return Trace.from_arrays(
         seconds, prompt[keep].astype(np.int64), output[keep].astype(np.int64),
         name=_suffix_name(path, dropped, "zero-output rows"),
+        # the recorded wall clock (Unix seconds, UTC): hour and weekday for predictors
+        extra={"epoch_s": nanos[keep] / 1e9},
     )
 
 

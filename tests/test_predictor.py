@@ -1,0 +1,199 @@
+"""The study's learned output-length predictor, SJF-Pred and cb-sjf-work:hgb (issue 16)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from cbgym import Trace, simulate
+from cbgym.agents import make_policy
+from cbgym.agents import predictor as P
+from cbgym.agents.predicted import CBSJFWorkPred, SJFPred
+from cbgym.agents.predictor_features import FEATURES, arrival_features, run_features
+from cbgym.bench_inputs import window_starts
+from cbgym.workload.synthetic import synthetic_trace
+
+sklearn = pytest.importorskip("sklearn")
+
+PAPER = "cbsjf-paper"
+
+
+def clocked(n: int, seed: int = 0) -> Trace:
+    """A synthetic conversation trace with a recorded wall clock, as the Azure loader gives."""
+    tr = synthetic_trace("conv", n, seed=seed)
+    epoch = 1.7e9 + np.asarray(tr.arrival_s) * 7.0  # a few hours of arrivals
+    return Trace.from_arrays(tr.arrival_s, tr.prompt_tokens, tr.output_tokens,
+                             name="synthetic-conv", extra={"epoch_s": epoch})
+
+
+@pytest.fixture(scope="module")
+def trained() -> tuple[Trace, P.Predictor]:
+    tr = clocked(3000)
+    return tr, P.train(tr, train_fraction=0.5, engine=PAPER, load=0.9)
+
+
+# ---------------------------------------------------------------- content-blind features
+def test_features_read_only_outputs_completed_before_the_arrival() -> None:
+    rng = np.random.default_rng(0)
+    n = 1500
+    arrival = np.sort(rng.uniform(0, 600, n))
+    prompt = rng.integers(1, 4000, n)
+    output = rng.integers(1, 800, n)
+    finish = arrival + rng.exponential(30.0, n)
+    finished = rng.random(n) < 0.9
+    X = run_features(arrival, prompt, output, finish, finished, None, False)
+    for i in rng.choice(n, 40, replace=False):
+        later = ~(finished & (finish <= arrival[i]))  # not completed when i arrived
+        changed = output.copy()
+        changed[later] = rng.integers(1, 10_000, int(later.sum()))
+        Y = run_features(arrival, prompt, changed, finish, finished, None, False)
+        np.testing.assert_array_equal(X[i], Y[i])
+    assert X.shape == (n, len(FEATURES))
+    assert np.isnan(X[0, 7]) and np.isfinite(X[-1, 7])  # no completion before the first
+
+
+def test_the_policy_is_not_privileged_and_never_receives_true_outputs(trained) -> None:
+    tr, pred = trained
+    seen = []
+
+    class Spy(SJFPred):
+        def reset(self, ctx):  # type: ignore[no-untyped-def]
+            seen.append(ctx.true_output_tokens)
+            super().reset(ctx)
+
+    path = pred.save(P.SHIPPED.parent / "_test_predictor.npz")
+    try:
+        simulate(tr.window(1500, 1500), Spy(str(path)), engine=PAPER, load=0.9)
+    finally:
+        path.unlink()
+    assert seen == [None] and not SJFPred.privileged and not CBSJFWorkPred.privileged
+
+
+def test_features_are_the_runs_own_at_each_arrival() -> None:
+    arrival = np.arange(20, dtype=float)
+    prompt = np.arange(1, 21)
+    done_t, done_out = np.arange(10) + 0.5, np.arange(10) * 10.0
+    X = arrival_features(np.array([9, 19]), arrival, prompt, None, True, done_t, done_out)
+    # request 9 arrives at 9: completions at 0.5..8.5 (9 of them); 19: all ten
+    assert X[0, 7] == np.mean(done_out[:9]) and X[1, 7] == np.mean(done_out)
+    assert X[1, 8] == np.percentile(done_out, 90) and X[0, 2] == 1.0
+    assert X[1, 5] == 1.0 and X[1, 6] == pytest.approx(1.0)  # one arrival a second
+
+
+# ---------------------------------------------------------------- split and frozen model
+def test_training_sees_only_the_leading_split(monkeypatch, trained) -> None:
+    tr, _ = trained
+    given = []
+    real = P.features_of_run
+
+    def spy(trace, engine, load):  # type: ignore[no-untyped-def]
+        given.append(trace)
+        return real(trace, engine, load)
+
+    monkeypatch.setattr(P, "features_of_run", spy)
+    pred = P.train(tr, train_fraction=0.4, engine=PAPER)
+    head, rest = given
+    k = int(0.4 * len(tr))
+    np.testing.assert_array_equal(head.extra["epoch_s"], tr.extra["epoch_s"][:k])
+    np.testing.assert_array_equal(rest.extra["epoch_s"], tr.extra["epoch_s"][k:])
+    assert pred.meta["train_rows"] == [0, k] and pred.meta["held_out_rows"] == [k, len(tr)]
+    assert pred.meta["train_clock_s"] == [tr.extra["epoch_s"][0], tr.extra["epoch_s"][k - 1]]
+    for key in ("mae_tokens", "spearman"):
+        assert np.isfinite(pred.meta["held_out_accuracy"][key])
+
+
+def test_a_run_inside_the_training_split_is_refused(tmp_path, trained) -> None:
+    tr, pred = trained
+    path = pred.save(tmp_path / "p.npz")
+    with pytest.raises(ValueError, match="training split"):
+        simulate(tr.window(1000, 800), make_policy(f"sjf-pred:{path}"), engine=PAPER, load=0.9)
+    res = simulate(tr.window(1500, 800), make_policy(f"cb-sjf-work:{path}"), engine=PAPER,
+                   load=0.9)
+    assert res.summary()["num_finished"] == 800
+
+
+def test_save_and_load_give_identical_predictions(tmp_path, trained) -> None:
+    tr, pred = trained
+    X = run_features(tr.arrival_s, tr.prompt_tokens, tr.output_tokens,
+                     tr.arrival_s + 1.0, np.ones(len(tr), bool), tr.extra["epoch_s"], False)
+    back = P.Predictor.load(pred.save(tmp_path / "p.npz"))
+    np.testing.assert_array_equal(back.predict(X), pred.predict(X))
+    assert back.meta == pred.meta
+    with np.load(tmp_path / "p.npz", allow_pickle=False) as f:  # numbers and text only
+        assert all(f[k].dtype != object for k in f.files)
+
+
+def test_the_exported_trees_predict_as_scikit_learn() -> None:
+    from sklearn.ensemble import HistGradientBoostingRegressor
+
+    rng = np.random.default_rng(1)
+    X = rng.normal(size=(3000, len(FEATURES)))
+    y = np.log1p(np.exp(X[:, 0]) * 50 + rng.exponential(20, 3000))
+    X[rng.random(X.shape) < 0.05] = np.nan  # (missing values: the trees learn a side)
+    model = HistGradientBoostingRegressor(**P.HYPERPARAMETERS, random_state=0).fit(X, y)
+    pred = P._export(model, np.zeros(len(FEATURES)), {})
+    Xt = rng.normal(size=(500, len(FEATURES)))
+    Xt[rng.random(Xt.shape) < 0.05] = np.nan
+    pred = P._export(model, np.full(len(FEATURES), np.nan), {})  # (no filling: sklearn's NaN)
+    np.testing.assert_allclose(pred.predict(Xt), np.maximum(np.expm1(model.predict(Xt)), 0),
+                               rtol=1e-12, atol=1e-9)
+
+
+def test_a_bad_predictor_file_is_named(tmp_path) -> None:
+    bad = tmp_path / "x.npz"
+    np.savez(bad, a=np.zeros(2))
+    with pytest.raises(ValueError, match="not a cbgym predictor"):
+        P.Predictor.load(bad)
+    with pytest.raises(ValueError, match="'hgb' .* or a predictor file; got 'nowhere.npz'"):
+        make_policy("sjf-pred:nowhere.npz")
+    with pytest.raises(ValueError, match="estimator must be one of bucket, global, hgb"):
+        make_policy("cb-sjf-work:oracle")
+    with pytest.raises(ValueError, match="no shipped predictor"):
+        simulate(clocked(50), make_policy("cb-sjf-work:hgb"), engine=PAPER, load=0.9)
+
+
+# ---------------------------------------------------------------- policies and the bench
+def test_shipped_predictors_load_for_the_2023_traces() -> None:
+    for name in ("azure-conv-2023", "azure-code-2023"):
+        pred = P.Predictor.shipped(f"{name}@rho=0.9")
+        assert pred.meta["trace"] == name and pred.meta["features"] == list(FEATURES)
+        assert pred.meta["train_rows"][0] == 0 and "held_out_accuracy" in pred.meta
+
+
+def test_policy_specs_and_aging_variants(tmp_path, trained) -> None:
+    tr, pred = trained
+    path = pred.save(tmp_path / "p.npz")
+    w = tr.window(1600, 600)
+    for spec in (f"sjf-pred:{path}", f"cb-sjf-work:{path}", f"sjf-pred-aging:{path},0.5",
+                 f"cb-sjf-work-pred-aging:{path},0.5"):
+        pol = make_policy(spec)
+        assert pol.consult == "on_change"
+        res = simulate(w, pol, engine=PAPER, load=0.95)
+        assert res.summary()["num_finished"] == len(w), spec
+    assert make_policy(f"cb-sjf-work:{path}").label == f"cb-sjf-work:{path}"
+    assert make_policy("cb-sjf-work").label == "cb-sjf-work"  # the bucket mean, as before
+
+
+def test_the_env_agent_path_says_it_needs_the_fast_path(trained) -> None:
+    from cbgym.agents.base import QueueView
+
+    pol = SJFPred("hgb")
+    z = np.zeros(1, np.int64)
+    view = QueueView(queue_pos=z, prompt_tokens=z + 5, num_computed=z, num_generated=z,
+                     num_preemptions=z, waited_s=np.zeros(1), tenant=z, slo_class=z, now=0.0,
+                     recent_output_by_bucket=np.zeros(8), recent_output_mean=0.0)
+    with pytest.raises(ValueError, match="fast path|cbgym.simulate"):
+        pol.keys(view)
+    import gymnasium as gym
+
+    from cbgym.env.agents import EnvAgent
+
+    env = gym.make("cbgym/Scheduling-v0", episode_requests=24, trace="synthetic-conv")
+    with pytest.raises(TypeError, match="features at arrival"):
+        EnvAgent("sjf-pred", env)
+
+
+def test_window_range_draws_windows_after_the_split() -> None:
+    assert window_starts(1000, 3, 100, (0.4, 1.0)) == [400, 650, 900]
+    assert window_starts(1000, 1, 2000, (0.4, 1.0)) == [400]
+    assert window_starts(1000, 2, 100) == [0, 900]
