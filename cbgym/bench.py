@@ -37,6 +37,7 @@ import pandas as pd
 from tqdm import tqdm
 
 from cbgym import study
+from cbgym.agents.predicted import check_window
 from cbgym.bench_cells import (
     CDF_LEVELS,
     Cell,
@@ -230,6 +231,9 @@ def run_bench(cfg: BenchConfig, progress: bool = True,
     engines = {p: resolve_engine(p, cfg.engine_overrides()) for p in cfg.engines}
     traces = {name: resolve_trace(name, cfg.download) for name in cfg.traces}
     windows, starts, notes = _cut_windows(traces, cfg)
+    for spec in cfg.policies:  # (a predictor never evaluated on its training split)
+        for window in windows.values():
+            check_window(spec, window)
     for note in notes:
         say(note)
     workers = cfg.workers if cfg.workers is not None else (os.cpu_count() or 1)

@@ -197,3 +197,20 @@ def test_window_range_draws_windows_after_the_split() -> None:
     assert window_starts(1000, 3, 100, (0.4, 1.0)) == [400, 650, 900]
     assert window_starts(1000, 1, 2000, (0.4, 1.0)) == [400]
     assert window_starts(1000, 2, 100) == [0, 900]
+
+
+def test_the_clis_refuse_a_training_window_in_one_line(capsys) -> None:
+    from cbgym.cli import main
+    from cbgym.workload import catalog
+
+    if catalog.find_trace("azure-code-2023") is None:
+        pytest.skip("needs the azure-code-2023 trace (CBGYM_TRACE_DIR)")
+    for argv in (["simulate", "--trace", "azure-code-2023", "--policy", "sjf-pred",
+                  "--requests", "200"],
+                 ["bench", "--trace", "azure-code-2023", "--policies", "fcfs,cb-sjf-work:hgb",
+                  "--loads", "0.9", "--windows", "1", "--window-requests", "200", "--quiet"]):
+        with pytest.raises(SystemExit) as stop:
+            main(argv)
+        assert stop.value.code == 2
+        err = capsys.readouterr().err.strip().splitlines()[-1]
+        assert "training split" in err and "--start" in err, err

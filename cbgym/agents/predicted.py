@@ -25,6 +25,7 @@ from cbgym.agents.predictor import Predictor, source_name
 from cbgym.agents.predictor_features import arrival_features, is_code_trace
 from cbgym.agents.work import WorkKeyPolicy
 from cbgym.engine.decision import DecisionPoint, PolicyContext
+from cbgym.workload.trace import Trace
 
 SHIPPED_NAME = "hgb"  # the predictor shipped for the run's trace
 
@@ -42,9 +43,13 @@ def load_predictor(spec: str, trace_name: str | None, policy: str) -> Predictor:
     return Predictor.load(spec)
 
 
+class TrainingSplitError(ValueError):
+    """A run would evaluate a predictor policy on requests its predictor was trained on."""
+
+
 def check_held_out(pred: Predictor, ctx: PolicyContext, policy: str) -> None:
-    """A ValueError if the run serves requests of the predictor's training split (same
-    trace, a recorded arrival inside the split's wall-clock range)."""
+    """A :class:`TrainingSplitError` if the run serves requests of the predictor's training
+    split (same trace, a recorded arrival inside the split's wall-clock range)."""
     meta, clock = pred.meta, ctx.clock_s
     span = meta.get("train_clock_s")
     same = ctx.trace_name is not None and source_name(ctx.trace_name) == meta.get("trace")
@@ -52,11 +57,24 @@ def check_held_out(pred: Predictor, ctx: PolicyContext, policy: str) -> None:
         return
     inside = (np.asarray(clock) >= span[0]) & (np.asarray(clock) <= span[1])
     if inside.any():
-        raise ValueError(
+        raise TrainingSplitError(
             f"policy {policy!r}: {int(inside.sum())} of this run's {len(clock)} requests are "
             f"in the predictor's training split (trace {meta['trace']!r}, rows "
             f"{meta['train_rows'][0]}..{meta['train_rows'][1] - 1}); evaluate on later "
-            "windows (cbgym bench --window-range)")
+            "requests (cbgym simulate --start, cbgym bench --window-range)")
+
+
+def check_window(spec: str, trace: Trace) -> None:
+    """Before a sweep: :func:`check_held_out` for policy ``spec`` on ``trace`` (nothing for a
+    policy without a predictor)."""
+    from cbgym.agents import make_policy
+
+    pol = make_policy(spec)
+    if isinstance(pol, PredictedOutput):
+        pred = load_predictor(pol.predictor_spec, trace.name, pol.name)
+        ctx = PolicyContext(config=None, num_requests=len(trace), seed=0,  # type: ignore[arg-type]
+                            trace_name=trace.name, clock_s=trace.extra.get("epoch_s"))
+        check_held_out(pred, ctx, pol.name)
 
 
 class PredictedOutput(WorkKeyPolicy):
@@ -143,4 +161,5 @@ class CBSJFWorkPred(PredictedOutput):
         return self.coef.work(view.prompt_tokens, self.predicted(view))
 
 
-__all__ = ["CBSJFWorkPred", "PredictedOutput", "SJFPred", "check_held_out", "load_predictor"]
+__all__ = ["CBSJFWorkPred", "PredictedOutput", "SJFPred", "TrainingSplitError", "check_held_out",
+           "check_window", "load_predictor"]
