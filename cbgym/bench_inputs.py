@@ -86,14 +86,16 @@ def window_span(num_requests: int, count: int,
                 span: tuple[float, float] = (0.0, 1.0)) -> tuple[int, int, int]:
     """The requests ``[lo, hi)`` a ``span`` of the trace covers, and the window length in
     it (``count`` clipped to the span)."""
-    lo = min(int(np.ceil(span[0] * num_requests)), num_requests - 1)
-    hi = max(int(np.floor(span[1] * num_requests)), lo + 1)
+    lo, hi = int(np.ceil(span[0] * num_requests)), int(np.floor(span[1] * num_requests))
+    if hi - lo < 2:
+        raise ValueError(f"window range {span[0]:g}:{span[1]:g} of a trace of {num_requests} "
+                         f"requests holds {max(hi - lo, 0)}; a window needs at least 2")
     return lo, hi, min(count, hi - lo)
 
 
 def window_starts(num_requests: int, windows: int, count: int,
                   span: tuple[float, float] = (0.0, 1.0)) -> list[int]:
-    """Evenly spaced window starts: disjoint when ``windows * count <= num_requests``.
+    """Evenly spaced window starts: disjoint when ``windows * count`` fits in the span.
 
     ``span``: the fractions of the trace (by request) the windows are drawn from, e.g.
     ``(0.4, 1.0)`` for the part after a predictor's training split. A window longer than

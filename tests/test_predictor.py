@@ -52,7 +52,7 @@ def test_features_read_only_outputs_completed_before_the_arrival() -> None:
     assert np.isnan(X[0, 7]) and np.isfinite(X[-1, 7])  # no completion before the first
 
 
-def test_the_policy_is_not_privileged_and_never_receives_true_outputs(trained) -> None:
+def test_the_policy_is_not_privileged_and_never_receives_true_outputs(tmp_path, trained) -> None:
     tr, pred = trained
     seen = []
 
@@ -61,11 +61,8 @@ def test_the_policy_is_not_privileged_and_never_receives_true_outputs(trained) -
             seen.append(ctx.true_output_tokens)
             super().reset(ctx)
 
-    path = pred.save(P.SHIPPED.parent / "_test_predictor.npz")
-    try:
-        simulate(tr.window(1500, 1500), Spy(str(path)), engine=PAPER, load=0.9)
-    finally:
-        path.unlink()
+    path = pred.save(tmp_path / "p.npz")
+    simulate(tr.window(1500, 1500), Spy(str(path)), engine=PAPER, load=0.9)
     assert seen == [None] and not SJFPred.privileged and not CBSJFWorkPred.privileged
 
 
@@ -131,7 +128,6 @@ def test_the_exported_trees_predict_as_scikit_learn() -> None:
     y = np.log1p(np.exp(X[:, 0]) * 50 + rng.exponential(20, 3000))
     X[rng.random(X.shape) < 0.05] = np.nan  # (missing values: the trees learn a side)
     model = HistGradientBoostingRegressor(**P.HYPERPARAMETERS, random_state=0).fit(X, y)
-    pred = P._export(model, np.zeros(len(FEATURES)), {})
     Xt = rng.normal(size=(500, len(FEATURES)))
     Xt[rng.random(Xt.shape) < 0.05] = np.nan
     pred = P._export(model, np.full(len(FEATURES), np.nan), {})  # (no filling: sklearn's NaN)
@@ -197,6 +193,49 @@ def test_window_range_draws_windows_after_the_split() -> None:
     assert window_starts(1000, 3, 100, (0.4, 1.0)) == [400, 650, 900]
     assert window_starts(1000, 1, 2000, (0.4, 1.0)) == [400]
     assert window_starts(1000, 2, 100) == [0, 900]
+    with pytest.raises(ValueError, match="holds 0; a window needs at least 2"):
+        window_starts(10, 1, 4000, (0.95, 1.0))
+
+
+def test_a_renamed_or_clustered_run_on_the_training_split_is_still_refused(tmp_path,
+                                                                           trained) -> None:
+    from cbgym.cluster.config import ClusterConfig
+
+    tr, pred = trained
+    path = pred.save(tmp_path / "p.npz")
+    head = tr.window(100, 300)
+    renamed = Trace.from_arrays(head.arrival_s, head.prompt_tokens, head.output_tokens,
+                                name="elsewhere", extra=dict(head.extra))
+    with pytest.raises(ValueError, match="training split"):
+        simulate(renamed, make_policy(f"sjf-pred:{path}"), engine=PAPER, load=0.9)
+    with pytest.raises(ValueError, match="training split"):
+        simulate(head, cluster=ClusterConfig.preset("2x:llama-2-7b/a100-80gb"), load=0.8,
+                 policy=f"sjf-pred:{path}")
+    bare = Trace.from_arrays(head.arrival_s, head.prompt_tokens, head.output_tokens,
+                             name=tr.name)  # the same trace without its clock
+    with pytest.raises(ValueError, match="no recorded clock"):
+        simulate(bare, make_policy(f"sjf-pred:{path}"), engine=PAPER, load=0.9)
+
+
+def test_a_malformed_predictor_file_is_refused(tmp_path, trained) -> None:
+    import dataclasses
+
+    _, pred = trained
+    bad = dataclasses.replace(pred, left=np.where(pred.leaf, pred.left, 10**6))
+    with pytest.raises(ValueError, match="child index"):
+        P.Predictor.load(bad.save(tmp_path / "bad.npz"))
+    (tmp_path / "junk.npz").write_bytes(b"not a zip")
+    with pytest.raises(ValueError, match="cannot read a predictor"):
+        P.Predictor.load(tmp_path / "junk.npz")
+
+
+def test_keyword_construction_of_cb_sjf_work_still_works() -> None:
+    from cbgym.agents import POLICIES, CBSJFWork
+
+    assert CBSJFWork(prior_output_tokens=100).prior_output_tokens == 100
+    assert POLICIES["cb-sjf-work-shed"](cap=5) is not None
+    with pytest.raises(ValueError, match="cb-sjf-work-pred-aging"):
+        make_policy("cb-sjf-work-aging:hgb,0.5")
 
 
 def test_the_clis_refuse_a_training_window_in_one_line(capsys) -> None:

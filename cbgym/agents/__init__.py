@@ -43,7 +43,7 @@ from cbgym.agents.aging import (
     with_aging,
 )
 from cbgym.agents.base import KeyPolicy, QueueView
-from cbgym.agents.cb_sjf_work import CBSJFWork
+from cbgym.agents.cb_sjf_work import ESTIMATORS, CBSJFWork
 from cbgym.agents.fair_queue import DRR, WFQ
 from cbgym.agents.fcfs import FCFS
 from cbgym.agents.learned import LearnedPolicy
@@ -91,6 +91,8 @@ def make_policy(spec: str) -> Policy:
             cannot be imported, or a bad argument (the message names the parameter).
     """
     name, colon, arg = spec.partition(":")
+    if name == CBSJFWork.name and arg and arg not in ESTIMATORS:  # the study's learned key
+        name = CBSJFWorkPred.name
     cls = POLICIES.get(name) or _installed(name)
     if cls is None:
         cls = _imported(name, arg)

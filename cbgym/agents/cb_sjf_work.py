@@ -5,7 +5,6 @@ from __future__ import annotations
 import numpy as np
 
 from cbgym.agents.base import QueueView
-from cbgym.agents.params import parse_choice
 from cbgym.agents.work import PRIOR_OUTPUT_TOKENS, WorkKeyPolicy, estimated_output
 
 ESTIMATORS = ("bucket", "global")
@@ -21,12 +20,12 @@ class CBSJFWork(WorkKeyPolicy):
     ``num_generated + 1``. Keys are seconds of work priced by the engine's cost model. Not
     privileged.
 
-    ``estimator="hgb"`` (or a predictor file) is the study's own key, ``yhat`` from its
-    learned predictor: ``cb-sjf-work:hgb`` builds a
-    :class:`cbgym.agents.predicted.CBSJFWorkPred`.
+    The study's own key, ``yhat`` from its learned predictor, is
+    :class:`cbgym.agents.predicted.CBSJFWorkPred`: ``make_policy("cb-sjf-work:hgb")`` (or
+    ``"cb-sjf-work:FILE"``) builds it.
 
     Args:
-        estimator: ``"bucket"`` (default), ``"global"``, or ``"hgb"`` / a predictor file.
+        estimator: ``"bucket"`` (default) or ``"global"``.
     """
 
     name = "cb-sjf-work"
@@ -37,16 +36,14 @@ class CBSJFWork(WorkKeyPolicy):
     # which recomputes keys at every step, sees.
     consult = "on_completion"
 
-    def __new__(cls, estimator: str = "bucket", *args: object) -> CBSJFWork:
-        if cls is CBSJFWork and estimator not in ESTIMATORS:  # the learned predictor's key
-            from cbgym.agents.predicted import CBSJFWorkPred
-
-            return CBSJFWorkPred(estimator)  # type: ignore[return-value]
-        return super().__new__(cls)
-
     def __init__(self, estimator: str = "bucket",
                  prior_output_tokens: float = PRIOR_OUTPUT_TOKENS) -> None:
-        self.estimator = parse_choice(estimator, self.name, "estimator", ESTIMATORS)
+        if estimator not in ESTIMATORS:
+            raise ValueError(f"policy {self.name!r}: estimator must be one of "
+                             f"{', '.join(ESTIMATORS)} (the learned predictor: "
+                             "'cb-sjf-work:hgb', 'cb-sjf-work-pred-aging:hgb,W'); got "
+                             f"{estimator!r}")
+        self.estimator = estimator
         self.prior_output_tokens = float(prior_output_tokens)
         self.label = self.name if estimator == "bucket" else f"{self.name}:{estimator}"
 

@@ -50,12 +50,17 @@ class TrainingSplitError(ValueError):
 def check_held_out(pred: Predictor, ctx: PolicyContext, policy: str) -> None:
     """A :class:`TrainingSplitError` if the run serves requests of the predictor's training
     split (same trace, a recorded arrival inside the split's wall-clock range)."""
-    meta, clock = pred.meta, ctx.clock_s
-    span = meta.get("train_clock_s")
-    same = ctx.trace_name is not None and source_name(ctx.trace_name) == meta.get("trace")
-    if not same or span is None or clock is None or not len(clock):
-        return
-    inside = (np.asarray(clock) >= span[0]) & (np.asarray(clock) <= span[1])
+    meta, clock, seen = pred.meta, ctx.clock_s, pred.train_clock
+    if not len(seen):
+        return  # trained on a trace without a recorded clock: nothing to recognise it by
+    if clock is None:
+        if ctx.trace_name is not None and source_name(ctx.trace_name) != meta.get("trace"):
+            return
+        raise TrainingSplitError(
+            f"policy {policy!r}: this run's requests have no recorded clock "
+            "(PolicyContext.clock_s), so they cannot be checked against the predictor's "
+            f"training split (trace {meta.get('trace')!r})")
+    inside = np.isin(np.asarray(clock, np.float64), seen)
     if inside.any():
         raise TrainingSplitError(
             f"policy {policy!r}: {int(inside.sum())} of this run's {len(clock)} requests are "
@@ -103,7 +108,8 @@ class PredictedOutput(WorkKeyPolicy):
         ids = dp.waiting
         new = ids[np.isnan(self._yhat[ids])]
         if len(new):
-            done = dp.finished
+            done = dp.finished  # (ties in completion time by id, as in training)
+            done = done[np.lexsort((done, dp.finish_s[done]))]
             X = arrival_features(new, dp.arrival_s, dp.prompt_tokens, self._clock, self._code,
                                  dp.finish_s[done], dp.num_generated[done])
             self._yhat[new] = self.predictor.predict(X)
@@ -152,8 +158,9 @@ class CBSJFWorkPred(PredictedOutput):
 
     def __init__(self, predictor: str = SHIPPED_NAME) -> None:
         if predictor != SHIPPED_NAME and not Path(str(predictor)).is_file():
-            raise ValueError("policy 'cb-sjf-work': estimator must be one of bucket, global, "
-                             f"{SHIPPED_NAME} or a predictor file; got {predictor!r}")
+            raise ValueError(f"policy {self.name!r} (cb-sjf-work:ESTIMATOR): estimator must be "
+                             f"one of bucket, global, {SHIPPED_NAME} or a predictor file; got "
+                             f"{predictor!r}")
         super().__init__(predictor)
         self.label = f"cb-sjf-work:{self.predictor_spec}"
 

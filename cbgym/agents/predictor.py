@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import math
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,7 +35,7 @@ HYPERPARAMETERS = {"max_iter": 300, "learning_rate": 0.08, "max_depth": 8,
                    "min_samples_leaf": 200, "l2_regularization": 1.0}  # the study's
 SHIPPED = Path(__file__).resolve().parent / "predictors"
 _ARRAYS = ("feature", "threshold", "missing_left", "left", "right", "leaf", "value",
-           "tree_start", "fill")
+           "tree_start", "fill", "train_clock")
 
 
 @kernel
@@ -61,8 +62,10 @@ class Predictor:
 
     Node arrays hold every tree back to back, tree ``t`` at ``tree_start[t]:tree_start[t+1]``
     with child indices relative to its start. ``fill``: each feature's training median,
-    used where a statistic is undefined (fewer than 8 values). ``meta``: the training split,
-    the run, the fit's settings and accuracy.
+    used where a statistic is undefined (fewer than 8 values). ``train_clock``: the recorded
+    arrivals of the training split (empty without a wall clock), so that a run on them is
+    recognised under any trace name. ``meta``: the training split, the run, the fit's
+    settings and accuracy.
     """
 
     feature: np.ndarray
@@ -74,6 +77,7 @@ class Predictor:
     value: np.ndarray
     tree_start: np.ndarray
     fill: np.ndarray
+    train_clock: np.ndarray
     baseline: float
     meta: dict[str, Any] = field(default_factory=dict)
 
@@ -107,10 +111,35 @@ class Predictor:
                 if missing:
                     raise ValueError(f"{path}: not a cbgym predictor (no {', '.join(missing)})")
                 arrays = {k: f[k] for k in _ARRAYS}
-                return cls(**arrays, baseline=float(f["baseline"]),
+                pred = cls(**arrays, baseline=float(f["baseline"]),
                            meta=json.loads(str(f["meta"])))
-        except (OSError, json.JSONDecodeError) as exc:
+        except (OSError, ValueError, zipfile.BadZipFile) as exc:  # (JSONDecodeError too)
             raise ValueError(f"{path}: cannot read a predictor: {exc}") from exc
+        problem = pred.problem()
+        if problem:
+            raise ValueError(f"{path}: not a valid predictor: {problem}")
+        return pred
+
+    def problem(self) -> str | None:
+        """What makes the node arrays unsafe to walk (the compiled walk checks nothing),
+        or None."""
+        n, starts = len(self.value), self.tree_start
+        nodes = ("feature", "threshold", "missing_left", "left", "right", "leaf")
+        if any(getattr(self, k).shape != (n,) for k in nodes):
+            return f"node arrays of different lengths (value has {n})"
+        if len(starts) < 2 or starts[0] != 0 or starts[-1] != n or np.any(np.diff(starts) < 1):
+            return "tree_start is not 0 <= ... <= the node count, increasing"
+        if self.fill.shape != (len(FEATURES),):
+            return f"fill has shape {self.fill.shape}, expected ({len(FEATURES)},)"
+        inner = ~self.leaf
+        if np.any((self.feature[inner] < 0) | (self.feature[inner] >= len(FEATURES))):
+            return f"a split on a feature outside 0..{len(FEATURES) - 1}"
+        size = np.repeat(np.diff(starts), np.diff(starts))
+        local = np.arange(n) - np.repeat(starts[:-1], np.diff(starts))
+        for child in (self.left, self.right):  # children come after their parent: no cycle
+            if np.any(inner & ((child <= local) | (child >= size))):
+                return "a child index outside its tree, or not after its parent"
+        return None
 
     @classmethod
     def shipped(cls, trace_name: str) -> Predictor:
@@ -129,8 +158,10 @@ def source_name(trace_name: str) -> str:
     return trace_name.partition("@")[0].strip()
 
 
-def _export(model: Any, fill: np.ndarray, meta: dict[str, Any]) -> Predictor:
+def _export(model: Any, fill: np.ndarray, meta: dict[str, Any],
+            train_clock: np.ndarray | None = None) -> Predictor:
     """The fitted regressor's trees as arrays (scikit-learn's TreePredictor nodes)."""
+    train_clock = np.zeros(0) if train_clock is None else np.asarray(train_clock, np.float64)
     trees = [p[0].nodes for p in model._predictors]
     starts = np.cumsum([0] + [len(t) for t in trees]).astype(np.int64)
     nodes = np.concatenate(trees)
@@ -142,8 +173,8 @@ def _export(model: Any, fill: np.ndarray, meta: dict[str, Any]) -> Predictor:
         missing_left=nodes["missing_go_to_left"].astype(np.bool_),
         left=nodes["left"].astype(np.int64), right=nodes["right"].astype(np.int64),
         leaf=nodes["is_leaf"].astype(np.bool_), value=nodes["value"].astype(np.float64),
-        tree_start=starts, fill=fill, baseline=float(np.ravel(model._baseline_prediction)[0]),
-        meta=meta)
+        tree_start=starts, fill=fill, train_clock=train_clock,
+        baseline=float(np.ravel(model._baseline_prediction)[0]), meta=meta)
 
 
 def features_of_run(trace: Any, engine: Any, load: float) -> tuple[np.ndarray, np.ndarray]:
@@ -195,16 +226,20 @@ def train(trace: Any, *, train_fraction: float = 0.4, engine: Any = "cbsjf-paper
     head, rest = trace.window(0, n_train), trace.window(n_train, n - n_train)
     X, y = features_of_run(head, engine, load)
     fill = np.nan_to_num(np.nanmedian(np.where(np.isnan(X).all(0), 0.0, X), axis=0))
-    model = HistGradientBoostingRegressor(**HYPERPARAMETERS, random_state=seed)
+    # (no early stopping: above 10,000 rows scikit-learn's "auto" would hold 10% out and
+    # maybe stop before max_iter)
+    model = HistGradientBoostingRegressor(**HYPERPARAMETERS, early_stopping=False,
+                                          random_state=seed)
     model.fit(np.where(np.isnan(X), fill, X), np.log1p(y))
     clock = trace.extra.get("epoch_s")
     meta: dict[str, Any] = {
         "features": list(FEATURES), "trace": source_name(trace.name), "train_rows": [0, n_train],
         "train_clock_s": None if clock is None else [float(clock[0]), float(clock[n_train - 1])],
         "run": {"policy": "fcfs", "engine": str(engine), "load": load},
-        "hyperparameters": HYPERPARAMETERS, "seed": seed, "sklearn": sklearn_version,
+        "hyperparameters": HYPERPARAMETERS, "early_stopping": False,
+        "iterations": int(model.n_iter_), "seed": seed, "sklearn": sklearn_version,
         "target": "log1p(output_tokens)"}
-    pred = _export(model, fill, meta)
+    pred = _export(model, fill, meta, None if clock is None else clock[:n_train])
     Xr, yr = features_of_run(rest, engine, load)
     meta["train_accuracy"] = accuracy(y, pred.predict(X), seed)
     meta["held_out_accuracy"] = accuracy(yr, pred.predict(Xr), seed)

@@ -34,6 +34,8 @@ policies (each request once, at the first decision point that sees it): one comp
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 
 FEATURES = ("context_tokens", "log_context_tokens", "is_code", "hour_of_day", "day_of_week",
@@ -44,8 +46,9 @@ MIN_PERIODS = 8  # the study's min_periods
 
 
 def is_code_trace(name: str) -> bool:
-    """Whether trace ``name`` is a code workload (the study's ``workload_is_code``)."""
-    return "code" in name.lower()
+    """Whether trace ``name`` (a catalogue name or a file, load-scaled or not) is a code
+    workload (the study's ``workload_is_code``): "code" in its file or catalogue name."""
+    return "code" in Path(name.partition("@")[0].strip()).name.lower()
 
 
 def arrival_features(ids: np.ndarray, arrival_s: np.ndarray, prompt: np.ndarray,

@@ -128,9 +128,11 @@ class Cluster:
         # what local policies see as a request's arrival: a retry carries its request's first
         # send (its client's deadline runs from there; a static key is fixed before any
         # retry is sent)
-        sent = trace.arrival_s
+        sent, clock = trace.arrival_s, trace.extra.get("epoch_s")
         if self.edge and n > self.num_offered:
             sent = np.tile(trace.arrival_s[: self.num_offered], n // self.num_offered)
+            if clock is not None:
+                clock = np.tile(clock[: self.num_offered], n // self.num_offered)
         self.role = np.array([ROLE_CODES[r] for r in config.roles], np.int64)
         self.policies = policies
         self.S = batched_state(trace, config)
@@ -141,7 +143,7 @@ class Cluster:
                 true_output_tokens=trace.output_tokens if pol.privileged else None,
                 prompt_tokens=trace.prompt_tokens, arrival_s=sent,
                 ttft_target_s=self.ttft, priority=trace.priority,
-                slo_class=trace.slo_class))
+                slo_class=trace.slo_class, trace_name=trace.name, clock_s=clock))
             keys = pol.static_keys()
             self.engines.append(Engine(trace, cfg, consult=pol.consult,
                                        record_iterations=record_iterations, keys=keys,
