@@ -29,7 +29,7 @@ AGING_WEIGHT = "0.5"
 # depends on what each tenant has received, no key of a request's own)
 FAST_PATH_ONLY = {"random", "oracle-srpt", "slo-edf", "cb-sjf-work-shed", "learned", "priority",
                   "vtc", "drr", "wfq", "token-bucket", "strict-tiers", "least-slack",
-                  # predictions from features at arrival, not in the observation
+                  # need a trained predictor and arrival_features: test_predictor.py
                   "sjf-pred", "sjf-pred-aging", "cb-sjf-work-pred", "cb-sjf-work-pred-aging"}
 
 

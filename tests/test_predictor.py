@@ -170,23 +170,55 @@ def test_policy_specs_and_aging_variants(tmp_path, trained) -> None:
     assert make_policy("cb-sjf-work").label == "cb-sjf-work"  # the bucket mean, as before
 
 
-def test_the_env_agent_path_says_it_needs_the_fast_path(trained) -> None:
+def test_the_env_agent_needs_the_arrival_features(trained) -> None:
+    import gymnasium as gym
+
     from cbgym.agents.base import QueueView
+    from cbgym.env.agents import EnvAgent
 
     pol = SJFPred("hgb")
     z = np.zeros(1, np.int64)
     view = QueueView(queue_pos=z, prompt_tokens=z + 5, num_computed=z, num_generated=z,
                      num_preemptions=z, waited_s=np.zeros(1), tenant=z, slo_class=z, now=0.0,
                      recent_output_by_bucket=np.zeros(8), recent_output_mean=0.0)
-    with pytest.raises(ValueError, match="fast path|cbgym.simulate"):
+    with pytest.raises(ValueError, match="cbgym.simulate"):
         pol.keys(view)
+    env = gym.make("cbgym/Scheduling-v0", episode_requests=24, trace="synthetic-conv")
+    with pytest.raises(TypeError, match="arrival_features=True"):
+        EnvAgent("sjf-pred", env)
+
+
+@pytest.mark.parametrize("masked", [False, True], ids=["box", "masked"])
+@pytest.mark.parametrize("name", ["sjf-pred", "cb-sjf-work", "sjf-pred-aging"])
+def test_env_agent_reproduces_the_fast_path(tmp_path, trained, name: str, masked: bool) -> None:
+    """From the observation's waiting_arrival, the env agent predicts what the fast path
+    predicts, and schedules request for request as it does."""
     import gymnasium as gym
 
-    from cbgym.env.agents import EnvAgent
+    import cbgym
+    from cbgym import EngineConfig, LinearCostModel
+    from cbgym.env.agents import EnvAgent, run_episode
 
-    env = gym.make("cbgym/Scheduling-v0", episode_requests=24, trace="synthetic-conv")
-    with pytest.raises(TypeError, match="features at arrival"):
-        EnvAgent("sjf-pred", env)
+    tr, pred = trained
+    path = pred.save(tmp_path / "p.npz")
+    spec = f"{name}:{path},0.5" if name.endswith("aging") else f"{name}:{path}"
+    cfg = EngineConfig(preset=None, cost_model=LinearCostModel(), num_kv_blocks=600,
+                       max_num_seqs=24)
+    env = gym.make("cbgym/SchedulingMasked-v0" if masked else "cbgym/Scheduling-v0",
+                   trace=tr, engine=cfg, episode_requests=150, K=150, R=24, load=1.0,
+                   arrival_features=True)
+    assert "waiting_arrival" in env.observation_space.spaces
+    agent = EnvAgent(spec, env, seed=0)
+    out = run_episode(env, agent, seed=0, options={"start": 1700})
+    assert out["terminated"] == 1.0
+    u = env.unwrapped
+    got = u.episode_result().requests
+    fast = cbgym.simulate(u.episode_trace, spec, engine=cfg, seed=0, slo=u.slo).requests
+    assert u.engine.recorder.timeseries()[:, 2].max() <= u.K, "the queue must fit in K"
+    for col in ("first_scheduled_s", "first_token_s", "finish_s", "preemptions", "status"):
+        np.testing.assert_array_equal(got[col].to_numpy(), fast[col].to_numpy(), err_msg=col)
+    fcfs = cbgym.simulate(u.episode_trace, "fcfs", engine=cfg, seed=0, slo=u.slo).requests
+    assert not np.array_equal(fcfs["finish_s"].to_numpy(), got["finish_s"].to_numpy())
 
 
 def test_window_range_draws_windows_after_the_split() -> None:
@@ -253,3 +285,24 @@ def test_the_clis_refuse_a_training_window_in_one_line(capsys) -> None:
         assert stop.value.code == 2
         err = capsys.readouterr().err.strip().splitlines()[-1]
         assert "training split" in err and "--start" in err, err
+
+
+def test_the_arrival_key_checks_clean_and_the_native_vector_env_refuses_it() -> None:
+    import warnings
+
+    import gymnasium as gym
+    from gymnasium.utils.env_checker import check_env
+
+    env = gym.make("cbgym/Scheduling-v0", trace="synthetic-conv", episode_requests=30,
+                   arrival_features=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        check_env(env.unwrapped)
+    obs, _ = env.reset(seed=0)
+    rows = obs["waiting_arrival"].reshape(-1, len(FEATURES))[obs["waiting_mask"] > 0.5]
+    assert len(rows) and (rows[:, 0] >= 1).all()  # context tokens, raw
+    with pytest.raises(NotImplementedError, match="vectorization_mode='sync'"):
+        gym.make_vec("cbgym/Scheduling-v0", num_envs=2, trace="synthetic-conv",
+                     arrival_features=True)
+    with pytest.raises(ValueError, match="arrival_features"):
+        gym.make("cbgym/Scheduling-v0", trace="synthetic-conv", arrival_features="yes")

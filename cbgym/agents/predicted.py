@@ -9,9 +9,9 @@ waiting set changes (``on_change``).
 
 The predictor is frozen: trained on a trace's leading split (its metadata says which), and a
 run whose requests fall inside that split is refused, so no evaluation window is one the
-predictor saw. The env's observation does not carry per-request arrival features, so these
-policies run on the fast path only (``cbgym simulate`` and ``cbgym bench``); an env agent
-gets a clear error.
+predictor saw. On the env, :class:`cbgym.env.agents.EnvAgent` plays them from the
+observation's per-slot features at arrival (``arrival_features=True``:
+:mod:`cbgym.env.arrival_obs`), predicting what the fast path predicts.
 """
 
 from __future__ import annotations

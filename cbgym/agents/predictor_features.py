@@ -28,8 +28,10 @@ produced (tests/test_predictor.py changes the lengths of unfinished requests and
 The study also uses the recent mean context length; the issue that specified this
 predictor (cbgym #16) leaves it out, and so does this module.
 
-:func:`arrival_features` serves both the predictor's training (on a whole run) and the
-policies (each request once, at the first decision point that sees it): one computation.
+:func:`arrival_features` serves the predictor's training (on a whole run), the policies
+(each request once, at the first decision point that sees it) and the env's observation
+(``arrival_features=True``: :mod:`cbgym.env.arrival_obs`): one computation. Values are
+rounded to float32, the observation's precision.
 """
 
 from __future__ import annotations
@@ -93,7 +95,9 @@ def arrival_features(ids: np.ndarray, arrival_s: np.ndarray, prompt: np.ndarray,
             continue
         last = out[max(end - WINDOW, 0):end]
         X[r, 7], X[r, 8] = last.mean(), np.percentile(last, 90.0)
-    return X
+    # float32 values: the env's observation (float32) carries them exactly, so a policy
+    # predicts the same from it as from the engine (cbgym.env.arrival_obs)
+    return X.astype(np.float32).astype(np.float64)
 
 
 def run_features(arrival_s: np.ndarray, prompt: np.ndarray, output: np.ndarray,

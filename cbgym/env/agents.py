@@ -24,10 +24,11 @@ Whenever the waiting queue fits in the window (at most K waiting), the agent rep
 fast path (``cbgym.simulate`` with the same policy) request for request, bit for bit. The
 exceptions: ``random`` draws fresh scores on the env (its fast-path keys are per request id,
 which the view does not carry; see :class:`cbgym.agents.RandomOrder`), and preemptive
-``oracle-srpt``, the shedding ``slo-edf`` and ``cb-sjf-work-shed`` (``sheds = True``) and the
-learned-predictor policies (``sjf-pred``, ``cb-sjf-work:hgb``: each request's prediction uses
-its features at arrival, which the observation does not carry) run on the fast path only
-(constructing an EnvAgent for them raises ``TypeError``).
+``oracle-srpt`` and the shedding ``slo-edf`` and ``cb-sjf-work-shed`` (``sheds = True``) run
+on the fast path only (constructing an EnvAgent for them raises ``TypeError``). The
+learned-predictor policies (``sjf-pred``, ``cb-sjf-work:hgb``) read each slot's features at
+arrival, an opt-in part of the observation: they need an env made with
+``arrival_features=True`` (:mod:`cbgym.env.arrival_obs`).
 """
 
 from __future__ import annotations
@@ -38,7 +39,10 @@ import gymnasium as gym
 import numpy as np
 
 from cbgym.agents.base import KeyPolicy, QueueView
+from cbgym.agents.predicted import PredictedOutput
 from cbgym.engine.decision import Policy, PolicyContext
+from cbgym.env.arrival_obs import KEY as ARRIVAL_KEY
+from cbgym.env.arrival_obs import decode_arrival
 from cbgym.env.observation import (
     decode_recent,
     decode_slots,
@@ -59,11 +63,9 @@ _SIM_TIME = global_index("sim_time")
 def _plays_env(policy: Policy) -> bool:
     """Key policies that do not shed (their keys alone are their decisions), and the random
     control (its ``keys`` draws fresh scores on the env)."""
-    from cbgym.agents.predicted import PredictedOutput
     from cbgym.agents.random_order import RandomOrder
 
-    return (isinstance(policy, KeyPolicy | RandomOrder) and not getattr(policy, "sheds", False)
-            and not isinstance(policy, PredictedOutput))
+    return isinstance(policy, KeyPolicy | RandomOrder) and not getattr(policy, "sheds", False)
 
 
 class EnvAgent:
@@ -84,12 +86,14 @@ class EnvAgent:
 
         self.policy = resolve_policy(policy)
         if not _plays_env(self.policy):
-            raise TypeError(f"policy {self.policy.name!r} is not a key policy (or it sheds, "
-                            "or predicts from features at arrival): it runs on the fast path "
-                            "(cbgym.simulate) only")
+            raise TypeError(f"policy {self.policy.name!r} is not a key policy (or it sheds): "
+                            "it runs on the fast path (cbgym.simulate) only")
         base = env.unwrapped
         if not isinstance(base, SchedulingEnv):
             raise TypeError(f"EnvAgent needs a cbgym SchedulingEnv, got {type(base).__name__}")
+        if isinstance(self.policy, PredictedOutput) and not base.arrival_features:
+            raise TypeError(f"policy {self.policy.name!r} ranks by features at arrival: make "
+                            "the env with arrival_features=True (cbgym.env.arrival_obs)")
         self.env = base
         self.seed = seed
         self.K, self.R = base.K, base.R
@@ -108,7 +112,9 @@ class EnvAgent:
         self.policy.reset(PolicyContext(config=env.config, num_requests=len(trace),
                                         seed=self.seed, true_output_tokens=true,
                                         ttft_target_s=getattr(env, "ttft_target", None),
-                                        priority=trace.priority, slo_class=trace.slo_class))
+                                        priority=trace.priority, slo_class=trace.slo_class,
+                                        trace_name=trace.name,
+                                        clock_s=trace.extra.get("epoch_s")))
         self._plan, self._pos = [], 0
 
     # ------------------------------------------------------------------ acting
@@ -168,12 +174,17 @@ class EnvAgent:
         cached = None
         if PREFIX_KEY in obs:
             cached = decode_prefix(obs[PREFIX_KEY], obs["waiting_mask"])[0]["cached_tokens"]
+        predicted = None
+        if isinstance(self.policy, PredictedOutput):  # (the same rows the fast path makes)
+            rows = decode_arrival(obs[ARRIVAL_KEY], obs["waiting_mask"])
+            predicted = self.policy.predictor.predict(rows)
         return QueueView(
             queue_pos=np.arange(n), prompt_tokens=d["prompt_tokens"],
             num_computed=d["num_computed"], num_generated=d["num_generated"],
             num_preemptions=d["num_preemptions"], waited_s=waited, tenant=d["tenant"],
             slo_class=d["slo_class"], now=now, recent_output_by_bucket=by_bucket,
             recent_output_mean=mean, true_output_tokens=true, cached_tokens=cached,
+            predicted_output=predicted,
         )
 
     def _privileged_outputs(self, n: int) -> np.ndarray:

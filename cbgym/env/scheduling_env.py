@@ -29,6 +29,8 @@ from cbgym.env.action import (
     check_scores,
 )
 from cbgym.env.arguments import check_args, check_load
+from cbgym.env.arrival_obs import KEY as ARRIVAL_KEY
+from cbgym.env.arrival_obs import ArrivalFeatures, arrival_space, check_arrival_features
 from cbgym.env.episode import Episode
 from cbgym.env.observation import observation_space
 from cbgym.env.prefix_obs import KEY as PREFIX_KEY
@@ -191,7 +193,9 @@ class SchedulingEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
     Opt-in keys (absent by default, sorted after the others): ``waiting_tenants``
     (``tenant_features``: :mod:`cbgym.env.tenant_obs`) and ``waiting_prefix``
     (``prefix_features``: each waiting slot's cached, uncached and shared prefix tokens and
-    blocks, then the prefix cache hit rate: :mod:`cbgym.env.prefix_obs`).
+    blocks, then the prefix cache hit rate: :mod:`cbgym.env.prefix_obs`) and ``waiting_arrival``
+    (``arrival_features``: each waiting slot's features at its arrival, what the learned
+    output-length predictor reads: :mod:`cbgym.env.arrival_obs`).
 
     ## Rewards
 
@@ -257,6 +261,8 @@ class SchedulingEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
     | prefix_features    | False            | True: observe the prefix cache per waiting    |
     |                    |                  | slot (``waiting_prefix``: prefix_obs); needs  |
     |                    |                  | enable_prefix_caching, a trace's block ids    |
+    | arrival_features   | False            | True: observe each waiting slot's features at |
+    |                    |                  | arrival (``waiting_arrival``: arrival_obs)    |
 
     A step is one call of the compiled kernel (:mod:`cbgym.env.kernel_ops`: the decision, the
     engine iterations up to the next decision point, the reward and the observation). The
@@ -318,6 +324,7 @@ class SchedulingEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
         render_mode: str | None = None,
         tenant_features: int = 0,
         prefix_features: bool = False,
+        arrival_features: bool = False,
     ) -> None:
         if invalid_action not in ("stop", "noop", "raise"):
             raise ValueError(f"invalid_action={invalid_action!r}: expected 'stop', 'noop' "
@@ -368,6 +375,11 @@ class SchedulingEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
                 **self.observation_space.spaces, PREFIX_KEY: prefix_space(K)})
             if self._base is not None:  # (a named trace is checked once loaded, at reset)
                 check_prefix_trace(self._base)
+        self.arrival_features = check_arrival_features(arrival_features)
+        if self.arrival_features:  # (cbgym.env.arrival_obs: after the other keys)
+            self.observation_space = spaces.Dict({
+                **self.observation_space.spaces, ARRIVAL_KEY: arrival_space(K)})
+        self._arrivals: ArrivalFeatures | None = None
         self._sim: Episode | None = None
         self._started = False
         self._episode: Trace | None = None
@@ -417,6 +429,8 @@ class SchedulingEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
         if self.prefix_features:
             check_prefix_trace(window)
         self._episode = window
+        if self.arrival_features:
+            self._arrivals = ArrivalFeatures(window)
         # NOTE: "every_iteration" makes the engine stop at every iteration where a request
         # waits or memory runs short; it only skips (and fast-forwards) the rest.
         consult = "every_iteration" if self.skip_trivial else "always"
@@ -542,6 +556,9 @@ class SchedulingEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
                                                  self.tenant_features)}
         if self.prefix_features:
             obs = {**obs, PREFIX_KEY: self._prefix_obs()}
+        if self._arrivals is not None:
+            dp = None if sim.done else sim.engine.next_decision()
+            obs = {**obs, ARRIVAL_KEY: self._arrivals.obs(dp, sim.w_ids, self.K)}
         iterations = 0
         if outcome is not None:
             iteration = sim.engine.iteration

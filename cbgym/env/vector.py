@@ -120,6 +120,10 @@ def native_only(proto: SchedulingEnv) -> None:
         raise NotImplementedError(
             "the native vector env has no tenant_features yet (its compiled step writes "
             "the observation); gym.make_vec builds a SyncVectorEnv for such tasks")
+    if proto.arrival_features:
+        raise NotImplementedError(
+            "the native vector env has no arrival_features yet; "
+            "gym.make_vec(..., vectorization_mode='sync') steps single envs instead")
     if proto.config.enable_prefix_caching or proto.prefix_features:
         # (its batched State carries one-column dummies for the named blocks and hash map)
         raise NotImplementedError(
