@@ -306,3 +306,23 @@ def test_the_arrival_key_checks_clean_and_the_native_vector_env_refuses_it() -> 
                      arrival_features=True)
     with pytest.raises(ValueError, match="arrival_features"):
         gym.make("cbgym/Scheduling-v0", trace="synthetic-conv", arrival_features="yes")
+
+
+def test_the_tail_of_completions_gives_the_features_of_all_of_them() -> None:
+    from cbgym.agents.predictor_features import completions
+
+    rng = np.random.default_rng(3)
+    n = 3000
+    arrival = np.sort(rng.uniform(0, 500, n))
+    prompt = rng.integers(1, 4000, n)
+    out = rng.integers(1, 900, n)
+    finish = np.round(arrival + rng.exponential(20.0, n), 1)  # many ties
+    finished = np.argsort(finish, kind="stable")[: 2500]
+    finished = finished[rng.permutation(len(finished))]
+    finished = finished[np.argsort(finish[finished], kind="stable")]  # ties in any order
+    new = np.arange(2000, 2100)
+    full = run_features(arrival, prompt, out, finish, np.isin(np.arange(n), finished), None,
+                        False)
+    t, o = completions(finished, finish, out, float(arrival[new].min()))
+    got = arrival_features(new, arrival, prompt, None, False, t, o)
+    np.testing.assert_array_equal(got, full[new])

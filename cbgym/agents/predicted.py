@@ -22,7 +22,7 @@ import numpy as np
 
 from cbgym.agents.base import QueueView, view_from_decision_point
 from cbgym.agents.predictor import Predictor, source_name
-from cbgym.agents.predictor_features import arrival_features, is_code_trace
+from cbgym.agents.predictor_features import arrival_features, completions, is_code_trace
 from cbgym.agents.work import WorkKeyPolicy
 from cbgym.engine.decision import DecisionPoint, PolicyContext
 from cbgym.workload.trace import Trace
@@ -108,10 +108,10 @@ class PredictedOutput(WorkKeyPolicy):
         ids = dp.waiting
         new = ids[np.isnan(self._yhat[ids])]
         if len(new):
-            done = dp.finished  # (ties in completion time by id, as in training)
-            done = done[np.lexsort((done, dp.finish_s[done]))]
+            done_t, done_out = completions(dp.finished, dp.finish_s, dp.num_generated,
+                                           float(dp.arrival_s[new].min()))
             X = arrival_features(new, dp.arrival_s, dp.prompt_tokens, self._clock, self._code,
-                                 dp.finish_s[done], dp.num_generated[done])
+                                 done_t, done_out)
             self._yhat[new] = self.predictor.predict(X)
         view = view_from_decision_point(dp, self._true_output, False)
         return QueueView(**{**{f: getattr(view, f) for f in view.__slots__},

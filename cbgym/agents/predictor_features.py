@@ -100,6 +100,21 @@ def arrival_features(ids: np.ndarray, arrival_s: np.ndarray, prompt: np.ndarray,
     return X.astype(np.float32).astype(np.float64)
 
 
+def completions(finished: np.ndarray, finish_s: np.ndarray, generated: np.ndarray,
+                earliest: float) -> tuple[np.ndarray, np.ndarray]:
+    """The completions :func:`arrival_features` needs for arrivals at or after ``earliest``:
+    from ``finished`` (ids in completion order, times non-decreasing), those from the last
+    :data:`WINDOW` before ``earliest`` on, as (times, output lengths), ties in time by id as
+    :func:`run_features` orders them. Only the tail is sorted: a call costs what it reads."""
+    t = finish_s[finished]
+    start = max(int(np.searchsorted(t, earliest, side="left")) - WINDOW, 0)
+    while start > 0 and t[start - 1] == t[start]:  # (a tie block is never split)
+        start -= 1
+    tail = finished[start:]
+    tail = tail[np.lexsort((tail, finish_s[tail]))]
+    return finish_s[tail], generated[tail]
+
+
 def run_features(arrival_s: np.ndarray, prompt: np.ndarray, output: np.ndarray,
                  finish_s: np.ndarray, finished: np.ndarray, clock_s: np.ndarray | None,
                  is_code: bool) -> np.ndarray:
@@ -111,4 +126,5 @@ def run_features(arrival_s: np.ndarray, prompt: np.ndarray, output: np.ndarray,
                             finish_s[order], output[order])
 
 
-__all__ = ["FEATURES", "WINDOW", "arrival_features", "is_code_trace", "run_features"]
+__all__ = ["FEATURES", "WINDOW", "arrival_features", "completions", "is_code_trace",
+           "run_features"]

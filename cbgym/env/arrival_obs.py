@@ -18,7 +18,12 @@ from __future__ import annotations
 import numpy as np
 from gymnasium import spaces
 
-from cbgym.agents.predictor_features import FEATURES, arrival_features, is_code_trace
+from cbgym.agents.predictor_features import (
+    FEATURES,
+    arrival_features,
+    completions,
+    is_code_trace,
+)
 from cbgym.engine.decision import DecisionPoint
 from cbgym.workload.trace import Trace
 
@@ -55,11 +60,10 @@ class ArrivalFeatures:
         new = w_ids[~self.known[w_ids]]
         if len(new):
             assert dp.finish_s is not None
-            done = dp.finished
-            done = done[np.lexsort((done, dp.finish_s[done]))]
+            done_t, done_out = completions(dp.finished, dp.finish_s, dp.num_generated,
+                                           float(dp.arrival_s[new].min()))
             self.rows[new] = arrival_features(new, dp.arrival_s, dp.prompt_tokens, self.clock,
-                                              self.code, dp.finish_s[done],
-                                              dp.num_generated[done])
+                                              self.code, done_t, done_out)
             self.known[new] = True
         rows = self.rows[w_ids]
         out[: len(w_ids) * _F] = np.where(np.isnan(rows), MISSING, rows).reshape(-1)

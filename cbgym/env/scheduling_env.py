@@ -557,6 +557,7 @@ class SchedulingEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
         if self.prefix_features:
             obs = {**obs, PREFIX_KEY: self._prefix_obs()}
         if self._arrivals is not None:
+            assert sim.done or sim.engine.at_point  # (next_decision must not advance)
             dp = None if sim.done else sim.engine.next_decision()
             obs = {**obs, ARRIVAL_KEY: self._arrivals.obs(dp, sim.w_ids, self.K)}
         iterations = 0
