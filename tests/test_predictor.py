@@ -33,13 +33,18 @@ def trained() -> tuple[Trace, P.Predictor]:
 
 
 # ---------------------------------------------------------------- content-blind features
+def random_run(rng: np.random.Generator, n: int, span_s: float, service_s: float
+               ) -> tuple[np.ndarray, ...]:
+    """Arrivals, prompts, outputs and finish times of a made-up run (finish to 0.1 s)."""
+    arrival = np.sort(rng.uniform(0, span_s, n))
+    finish = np.round(arrival + rng.exponential(service_s, n), 1)
+    return arrival, rng.integers(1, 4000, n), rng.integers(1, 900, n), finish
+
+
 def test_features_read_only_outputs_completed_before_the_arrival() -> None:
     rng = np.random.default_rng(0)
     n = 1500
-    arrival = np.sort(rng.uniform(0, 600, n))
-    prompt = rng.integers(1, 4000, n)
-    output = rng.integers(1, 800, n)
-    finish = arrival + rng.exponential(30.0, n)
+    arrival, prompt, output, finish = random_run(rng, n, 600.0, 30.0)
     finished = rng.random(n) < 0.9
     X = run_features(arrival, prompt, output, finish, finished, None, False)
     for i in rng.choice(n, 40, replace=False):
@@ -313,10 +318,7 @@ def test_the_tail_of_completions_gives_the_features_of_all_of_them() -> None:
 
     rng = np.random.default_rng(3)
     n = 3000
-    arrival = np.sort(rng.uniform(0, 500, n))
-    prompt = rng.integers(1, 4000, n)
-    out = rng.integers(1, 900, n)
-    finish = np.round(arrival + rng.exponential(20.0, n), 1)  # many ties
+    arrival, prompt, out, finish = random_run(rng, n, 500.0, 20.0)  # (many ties)
     finished = np.argsort(finish, kind="stable")[: 2500]
     finished = finished[rng.permutation(len(finished))]
     finished = finished[np.argsort(finish[finished], kind="stable")]  # ties in any order
