@@ -49,7 +49,8 @@ class TrainingSplitError(ValueError):
 
 def check_held_out(pred: Predictor, ctx: PolicyContext, policy: str) -> None:
     """A :class:`TrainingSplitError` if the run serves requests of the predictor's training
-    split (same trace, a recorded arrival inside the split's wall-clock range)."""
+    split: a recorded arrival (``PolicyContext.clock_s``) among the split's, under any trace
+    name; or if the run, on the predictor's own trace, has no recorded arrivals to check."""
     meta, clock, seen = pred.meta, ctx.clock_s, pred.train_clock
     if not len(seen):
         return  # trained on a trace without a recorded clock: nothing to recognise it by
