@@ -37,7 +37,6 @@ import pandas as pd
 from tqdm import tqdm
 
 from cbgym import study
-from cbgym.agents.predicted import check_window
 from cbgym.bench_cells import (
     CDF_LEVELS,
     Cell,
@@ -50,6 +49,7 @@ from cbgym.bench_cells import (
 from cbgym.bench_inputs import (
     CAPACITY_MODES,
     check_policy,
+    check_policy_windows,
     engine_overrides,
     resolve_engine,
     resolve_trace,
@@ -231,9 +231,7 @@ def run_bench(cfg: BenchConfig, progress: bool = True,
     engines = {p: resolve_engine(p, cfg.engine_overrides()) for p in cfg.engines}
     traces = {name: resolve_trace(name, cfg.download) for name in cfg.traces}
     windows, starts, notes = _cut_windows(traces, cfg)
-    for spec in cfg.policies:  # (a predictor never evaluated on its training split)
-        for window in windows.values():
-            check_window(spec, window)
+    check_policy_windows(cfg.policies, list(windows.values()))
     for note in notes:
         say(note)
     workers = cfg.workers if cfg.workers is not None else (os.cpu_count() or 1)

@@ -74,6 +74,23 @@ def check_policy(spec: str) -> None:
         raise ValueError(_first_line(exc)) from exc
 
 
+class PolicyTraceError(ValueError):
+    """A policy of the sweep refuses one of its windows (``Policy.check_trace``)."""
+
+
+def check_policy_windows(specs: tuple[str, ...], windows: list[Trace]) -> None:
+    """Each policy's ``check_trace`` on each window, before any work (PolicyTraceError)."""
+    from cbgym.agents import make_policy
+
+    for spec in specs:
+        pol = make_policy(spec)
+        for window in windows:
+            try:
+                pol.check_trace(window)
+            except ValueError as exc:
+                raise PolicyTraceError(_first_line(exc)) from exc
+
+
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
@@ -108,5 +125,6 @@ def window_starts(num_requests: int, windows: int, count: int,
     return sorted({int(s) for s in starts})
 
 
-__all__ = ["CAPACITY_MODES", "check_policy", "engine_overrides", "resolve_engine",
-           "resolve_trace", "scalable", "window_span", "window_starts"]
+__all__ = ["CAPACITY_MODES", "PolicyTraceError", "check_policy", "check_policy_windows",
+           "engine_overrides", "resolve_engine", "resolve_trace", "scalable", "window_span",
+           "window_starts"]

@@ -307,7 +307,7 @@ def _cmd_bench(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
         from cbgym.bench_ray import ray_module
 
         _or_fail(parser, "--backend", ray_module)
-    from cbgym.agents.predicted import TrainingSplitError
+    from cbgym.bench_inputs import PolicyTraceError
     from cbgym.bench_ray import RayStartError
 
     try:
@@ -315,7 +315,7 @@ def _cmd_bench(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
                            address=args.address)
     except RayStartError as exc:
         parser.error(f"--backend ray: {exc}")
-    except TrainingSplitError as exc:
+    except PolicyTraceError as exc:
         parser.error(f"--policies: {exc}")
     print(format_table(result))
     _print_headline(result)

@@ -66,6 +66,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 def cmd_simulate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from cbgym import study
     from cbgym.bench import check_policy, resolve_engine, resolve_trace, scalable
+    from cbgym.bench_inputs import check_policy_windows
     from cbgym.metrics import SLO
     from cbgym.simulate import simulate
 
@@ -89,9 +90,7 @@ def cmd_simulate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> i
         _or_fail(parser, "--load", lambda: scalable(args.trace, window))
     if args.burstiness != 1.0 and args.request_rate is None:
         parser.error("--burstiness: shapes --request-rate's arrivals; give --request-rate")
-    from cbgym.agents.predicted import check_window
-
-    _or_fail(parser, "--policy", lambda: check_window(args.policy, window))
+    _or_fail(parser, "--policy", lambda: check_policy_windows((args.policy,), [window]))
     res = simulate(window, args.policy, engine, load=args.load, seed=args.seed,
                    slo=SLO(args.ttft, args.tpot), capacity_rps=args.capacity_rps,
                    request_rate=args.request_rate, burstiness=args.burstiness)

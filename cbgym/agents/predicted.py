@@ -16,6 +16,7 @@ observation's per-slot features at arrival (``arrival_features=True``:
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -70,19 +71,6 @@ def check_held_out(pred: Predictor, ctx: PolicyContext, policy: str) -> None:
             "requests (cbgym simulate --start, cbgym bench --window-range)")
 
 
-def check_window(spec: str, trace: Trace) -> None:
-    """Before a sweep: :func:`check_held_out` for policy ``spec`` on ``trace`` (nothing for a
-    policy without a predictor)."""
-    from cbgym.agents import make_policy
-
-    pol = make_policy(spec)
-    if isinstance(pol, PredictedOutput):
-        pred = load_predictor(pol.predictor_spec, trace.name, pol.name)
-        ctx = PolicyContext(config=None, num_requests=len(trace), seed=0,  # type: ignore[arg-type]
-                            trace_name=trace.name, clock_s=trace.extra.get("epoch_s"))
-        check_held_out(pred, ctx, pol.name)
-
-
 class PredictedOutput(WorkKeyPolicy):
     """A key policy whose view carries each waiting request's predicted output length."""
 
@@ -94,6 +82,12 @@ class PredictedOutput(WorkKeyPolicy):
             raise ValueError(f"policy {self.name!r}: predictor must be {SHIPPED_NAME!r} (the "
                              "one shipped for the run's trace) or a predictor file; got "
                              f"{self.predictor_spec!r}")
+
+    def check_trace(self, trace: Trace) -> None:
+        pred = load_predictor(self.predictor_spec, trace.name, self.name)
+        ctx = PolicyContext(config=None, num_requests=len(trace), seed=0,  # type: ignore[arg-type]
+                            trace_name=trace.name, clock_s=trace.extra.get("epoch_s"))
+        check_held_out(pred, ctx, self.name)
 
     def reset(self, ctx: PolicyContext) -> None:
         super().reset(ctx)
@@ -114,9 +108,8 @@ class PredictedOutput(WorkKeyPolicy):
             X = arrival_features(new, dp.arrival_s, dp.prompt_tokens, self._clock, self._code,
                                  done_t, done_out)
             self._yhat[new] = self.predictor.predict(X)
-        view = view_from_decision_point(dp, self._true_output, False)
-        return QueueView(**{**{f: getattr(view, f) for f in view.__slots__},
-                            "predicted_output": self._yhat[ids]})
+        return replace(view_from_decision_point(dp, self._true_output, False),
+                       predicted_output=self._yhat[ids])
 
     def predicted(self, view: QueueView) -> np.ndarray:
         """The view's predicted output lengths, at least what each request already made."""
@@ -170,4 +163,4 @@ class CBSJFWorkPred(PredictedOutput):
 
 
 __all__ = ["CBSJFWorkPred", "PredictedOutput", "SJFPred", "TrainingSplitError", "check_held_out",
-           "check_window", "load_predictor"]
+           "load_predictor"]

@@ -21,6 +21,7 @@ import numpy as np
 
 if TYPE_CHECKING:
     from cbgym.engine.config import EngineConfig
+    from cbgym.workload.trace import Trace
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,6 +217,11 @@ class Policy:
     def reset(self, ctx: PolicyContext) -> None:
         """Called once before a simulation; keep ``ctx`` if needed."""
         self.ctx = ctx
+
+    def check_trace(self, trace: Trace) -> None:
+        """Raise ValueError (one line) if this policy must not serve ``trace``; sweeps call
+        it on every window before any work (``cbgym bench``, ``cbgym simulate``). Default:
+        every trace is fine (a predictor's policy refuses its training split)."""
 
     def decide(self, dp: DecisionPoint) -> Decision:
         raise NotImplementedError
