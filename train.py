@@ -153,6 +153,12 @@ class Args:
     noise on the cap ratchets the batch up (one high draw admits many, and they stay), so it
     starts narrower than the slot scores'"""
 
+    # --- residual policy learning (cbgym/agents/slot_prior.py)
+    prior: str = ""
+    """a heuristic the policy's scores add to (cb-sjf-work-shed[:CAP], read from the
+    observation): the network learns a residual from zero, so training starts from the
+    heuristic exactly"""
+
     # --- behaviour-cloning warm start (cbgym/agents/imitation.py)
     imitate: str = ""
     """a fast-path policy to imitate before PPO (e.g. cb-sjf-work-shed:28): its decisions on
@@ -223,6 +229,17 @@ def parse_args(argv: list[str] | None = None) -> Args:
             check_policy(ns.imitate)
         except ValueError as exc:
             parser.error(f"--imitate: {exc}")
+    if ns.prior:
+        if "Masked" in ns.env_id or ns.policy != "slot":
+            parser.error("--prior: a residual on the slot scores (cbgym/Scheduling-v0, "
+                         "--policy slot)")
+        if ns.imitate:
+            parser.error("--prior and --imitate: the prior is the start; choose one")
+        from cbgym.agents.slot_prior import PRIOR_POLICIES
+
+        if ns.prior.partition(":")[0] not in PRIOR_POLICIES:
+            parser.error(f"--prior {ns.prior!r}: expected one of {', '.join(PRIOR_POLICIES)} "
+                         "(optionally :CAP)")
     if ns.shed_rule not in ("late", "unreachable"):
         parser.error(f"--shed-rule {ns.shed_rule!r}: expected late or unreachable")
     for name in ("env_threads", "torch_threads", "total_timesteps"):
@@ -549,6 +566,12 @@ def build_model(args: Args, vec_env: Any, out: Path) -> Any:
     if args.policy == "slot":
         policy: Any = MaskableSlotPolicy if is_masked(args) else SlotPolicy
         policy_kwargs["prefix_inputs"] = args.prefix_inputs
+        if args.prior:
+            from cbgym.agents.slot_prior import prior_spec, spec_dict
+
+            policy_kwargs["prior"] = spec_dict(prior_spec(
+                args.prior, engine_config(args), run_slo(args), args.hold_threshold,
+                args.admission_cap))
     elif args.policy == "mlp":
         policy = "MultiInputPolicy"
     else:

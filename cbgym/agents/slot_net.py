@@ -38,7 +38,7 @@ value, and the critic is not used to act).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -92,11 +92,14 @@ class SlotScorer(nn.Module):
         prefix_inputs: with ``waiting_prefix`` in the observation, each waiting slot's score
             reads its prefix-cache counts and the context the hit rate; else only the critic
             does.
+        prior: a :class:`cbgym.agents.slot_prior.PriorSpec` (as its dict): the scores are
+            the heuristic prior's plus the network's, whose output layers start at zero
+            (residual policy learning, :mod:`cbgym.agents.slot_prior`).
     """
 
     def __init__(self, space: spaces.Dict, hidden: list[int], stop_logit: bool = False,
                  act: type[nn.Module] = nn.Tanh, tenant_inputs: bool = False,
-                 prefix_inputs: bool = False) -> None:
+                 prefix_inputs: bool = False, prior: Mapping[str, Any] | None = None) -> None:
         super().__init__()
         self.slices: dict[str, slice] = {}
         start = 0
@@ -131,6 +134,15 @@ class SlotScorer(nn.Module):
         self.critic = nn.Sequential(_mlp([start, *hidden], act), act())
         self.latent_dim_pi = self.K + self.R + int(stop_logit)
         self.latent_dim_vf = hidden[-1]
+        self.prior: nn.Module | None = None
+        if prior is not None:
+            from cbgym.agents.slot_prior import HeuristicPrior, spec_from
+
+            spec = spec_from(prior)
+            if (spec.cap_score is not None) != stop_logit:
+                raise ValueError("prior: its cap score and the action's cap dimension differ "
+                                 f"(cap_score={spec.cap_score}, cap dimension={stop_logit})")
+            self.prior = HeuristicPrior(spec, self.slices, self.K, self.R, self.F)
 
     def output_layers(self) -> list[nn.Linear]:
         """The layers that produce scores (initialised small, as SB3 does for its action net)."""
@@ -159,7 +171,8 @@ class SlotScorer(nn.Module):
                            features[:, s["running_mask"]], ctx, self.R, tenants, r_prefix)]
         if self.stop_head is not None:
             out.append(self.stop_head(ctx))
-        return th.cat(out, dim=1)
+        scores = th.cat(out, dim=1)
+        return scores if self.prior is None else scores + self.prior(features)
 
     def _score(self, head: nn.Sequential, slots: th.Tensor, mask: th.Tensor, ctx: th.Tensor,
                n: int, tenants: th.Tensor | None = None,
@@ -204,17 +217,21 @@ class _SlotBuild:
     stop_logit: bool = False
     tenant_inputs: bool = False
     prefix_inputs: bool = False
+    prior: dict[str, Any] | None = None
 
     def __init__(self, *args: Any, tenant_inputs: bool = False, prefix_inputs: bool = False,
-                 **kwargs: Any) -> None:
+                 prior: Mapping[str, Any] | None = None, **kwargs: Any) -> None:
         self.tenant_inputs = bool(tenant_inputs)  # (read while the base class builds)
         self.prefix_inputs = bool(prefix_inputs)
+        self.prior = None if prior is None else dict(prior)
         super().__init__(*args, **kwargs)
 
     def _get_constructor_parameters(self) -> dict[str, Any]:
         data = super()._get_constructor_parameters()  # type: ignore[misc]
         data["tenant_inputs"] = self.tenant_inputs
         data["prefix_inputs"] = self.prefix_inputs
+        if self.prior is not None:  # (absent otherwise: older zips load unchanged)
+            data["prior"] = self.prior
         return data
 
     def _build_mlp_extractor(self) -> None:
@@ -227,13 +244,14 @@ class _SlotBuild:
                                         stop_logit=self.stop_logit or int(n) > slots,
                                         act=self.activation_fn,
                                         tenant_inputs=self.tenant_inputs,
-                                        prefix_inputs=self.prefix_inputs)
+                                        prefix_inputs=self.prefix_inputs, prior=self.prior)
 
     def _build(self, lr_schedule: Callable[[float], float]) -> None:
         super()._build(lr_schedule)  # type: ignore[misc]
         self.action_net = nn.Identity()
         for layer in self.mlp_extractor.output_layers():
-            nn.init.orthogonal_(layer.weight, gain=0.01)
+            # with a prior the policy starts as the prior exactly (a zero residual)
+            nn.init.orthogonal_(layer.weight, gain=0.0 if self.prior else 0.01)
             nn.init.zeros_(layer.bias)
         # rebuilt so that the dropped linear action net's parameters are not optimised
         self.optimizer = self.optimizer_class(  # type: ignore[attr-defined]

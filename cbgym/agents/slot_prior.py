@@ -1,0 +1,189 @@
+"""A heuristic prior for the slot scorer: residual policy learning on ``Scheduling-v0``.
+
+With ``policy_kwargs={"prior": ...}`` the actor's mean scores are *this prior plus the network's
+output*, and the network's output layers start at zero, so PPO starts from a known rule exactly
+(not from a clone with its fitting error) and learns only where to depart from it: residual
+policy learning (Silver et al., 2018, "Residual Policy Learning"; Johannink et al., 2019,
+"Residual Reinforcement Learning for Robot Control"). ``train.py --prior cb-sjf-work-shed:28``
+builds it.
+
+The prior is ``cb-sjf-work-shed[:CAP]`` (:class:`cbgym.agents.slo_edf.CBSJFWorkShed`) written
+as a function of the observation alone, so it reads nothing the env does not show:
+
+| slot / score    | prior                                                                    |
+|-----------------|--------------------------------------------------------------------------|
+| waiting slot    | ``lo + (1 - lo) / (1 + k / 1 s)``, k = CB-SJF-Work's key (seconds of     |
+|                 | work: ``c_f + c_p x + c_d yhat``, ``yhat`` the bucket's recent mean output |
+|                 | from ``global``, else the overall mean, else 128; at least generated + 1)|
+|                 | and ``lo`` just above the hold threshold: falls with k, never held       |
+| unreachable     | -1.5 (at or below any shed threshold; shed by the env's own rule): no    |
+|                 | first token and waited + ``c_f`` + ``c_p x`` > its class's TTFT target    |
+| running slot j  | ``1 - 2 j / R``: vLLM's victims, the most recently admitted first        |
+| running cap     | the score whose cap is CAP (1 without one)                               |
+| empty slot      | 0                                                                        |
+
+Every quantity is decoded from the observation in float64: prompt and generated tokens exactly
+(count scaling), the output statistics exactly (power-of-two scaling), the time waited to
+float32's precision. Within the visible window the prior admits what the heuristic would, in
+its order (tested against the fast path); requests outside the window are held, as the env
+holds them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+import torch as th
+from torch import nn
+
+from cbgym.agents.base import OUTPUT_STAT_EDGES
+from cbgym.agents.work import PRIOR_OUTPUT_TOKENS, shed_lead, work_coefficients
+from cbgym.engine.config import EngineConfig
+from cbgym.env.observation import (
+    _COUNT_SPAN,
+    _MEAN_TOKENS_SCALE,
+    _TIME_SPAN,
+    NUM_OUTPUT_BUCKETS,
+    global_index,
+    slot_index,
+)
+from cbgym.metrics import SLO, SLOSpec
+
+__all__ = ["PRIOR_POLICIES", "HeuristicPrior", "PriorSpec", "prior_spec"]
+
+PRIOR_POLICIES = ("cb-sjf-work-shed",)
+UNREACHABLE_SCORE = -1.5  # past the range on purpose: SB3 clips, so exploration noise never
+# lifts a shed above a -0.99 threshold
+_KEY_SCALE_S = 1.0  # keys of 10 ms to 100 s stay apart in float32
+
+_MEANS = [global_index(f"recent_output_mean_{b}") for b in range(NUM_OUTPUT_BUCKETS)]
+_SEEN = [global_index(f"recent_output_seen_{b}") for b in range(NUM_OUTPUT_BUCKETS)]
+_MEAN_ALL, _SEEN_ALL = global_index("recent_output_mean_all"), global_index(
+    "recent_output_seen_all")
+_PROMPT, _GENERATED = slot_index("prompt_tokens"), slot_index("num_generated")
+_WAITED, _CLASS = slot_index("time_in_system"), slot_index("slo_class")
+
+
+@dataclass(frozen=True)
+class PriorSpec:
+    """The constants of the prior (plain numbers: SB3 saves them in the zip's policy kwargs).
+
+    Attributes:
+        work: ``(c_f, c_p, c_d)`` of the engine (:func:`cbgym.agents.work.work_coefficients`).
+        lead: the ``"unreachable"`` shed lead ``(a, b)`` (:func:`cbgym.agents.work.shed_lead`).
+        ttft_s: the TTFT target of SLO class 0, 1, ... (one entry: every class).
+        hold: the env's hold threshold.
+        cap_score: the running-cap score (1.0: no cap); None if the env has no cap score.
+    """
+
+    work: tuple[float, float, float]
+    lead: tuple[float, float]
+    ttft_s: tuple[float, ...]
+    hold: float
+    cap_score: float | None
+    policy: str = ""
+
+
+def prior_spec(policy: str, engine: EngineConfig, slo: SLOSpec, hold: float,
+               admission_cap: bool) -> PriorSpec:
+    """The prior that plays ``policy`` (``cb-sjf-work-shed[:CAP]``) on an env with this engine,
+    SLO, hold threshold and cap score; a ValueError names what is not supported."""
+    from cbgym.agents.imitation import cap_score
+
+    name, _, arg = policy.partition(":")
+    if name not in PRIOR_POLICIES:
+        raise ValueError(f"prior {policy!r}: expected one of {', '.join(PRIOR_POLICIES)} "
+                         "(optionally :CAP)")
+    cap = int(arg) if arg else 0
+    if cap < 0 or (arg and str(cap) != arg):
+        raise ValueError(f"prior {policy!r}: CAP must be a whole number >= 0")
+    if cap and not admission_cap:
+        raise ValueError(f"prior {policy!r}: a cap needs the env's cap score (admission_cap)")
+    c = work_coefficients(engine)
+    if isinstance(slo, SLO):
+        ttft: tuple[float, ...] = (slo.ttft_s,)
+    else:
+        classes = sorted(slo)
+        if classes != list(range(len(classes))):
+            raise ValueError(f"prior {policy!r}: SLO classes must be 0..n-1, got {classes}")
+        ttft = tuple(float(slo[k].ttft_s) for k in classes)
+    score = (cap_score(cap, engine.max_num_seqs) if cap else 1.0) if admission_cap else None
+    return PriorSpec((c.fixed_s, c.prefill_token_s, c.decode_seq_s),
+                     shed_lead("unreachable", engine), ttft, float(hold), score, policy)
+
+
+def spec_from(data: PriorSpec | Mapping[str, Any]) -> PriorSpec:
+    """A spec from itself or from its saved dict (lists for tuples)."""
+    if isinstance(data, PriorSpec):
+        return data
+    d = dict(data)
+    return PriorSpec(tuple(d["work"]), tuple(d["lead"]), tuple(d["ttft_s"]),  # type: ignore
+                     float(d["hold"]), d["cap_score"], d.get("policy", ""))
+
+
+def spec_dict(spec: PriorSpec) -> dict[str, Any]:
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(spec).items()}
+
+
+def _count(v: th.Tensor) -> th.Tensor:
+    return th.round(th.exp2(v * _COUNT_SPAN) - 1.0)
+
+
+class HeuristicPrior(nn.Module):
+    """The prior's score vector (module docstring) from SB3's flattened observation batch.
+
+    Args:
+        spec: the constants.
+        slices: where each observation key lies in the flattened features.
+        K, R, F: waiting slots, running slots, features per slot.
+    """
+
+    def __init__(self, spec: PriorSpec, slices: Mapping[str, slice], K: int, R: int,
+                 F: int) -> None:
+        super().__init__()
+        self.spec, self.slices, self.K, self.R, self.F = spec, dict(slices), K, R, F
+        self.lo = spec.hold + 0.05 * (1.0 - spec.hold)
+        self.register_buffer("edges", th.as_tensor(OUTPUT_STAT_EDGES, dtype=th.float64),
+                             persistent=False)
+        self.register_buffer("ttft", th.as_tensor(spec.ttft_s, dtype=th.float64),
+                             persistent=False)
+        running = 1.0 - th.arange(R, dtype=th.float32) * (2.0 / max(R, 1))
+        self.register_buffer("running", running, persistent=False)
+
+    def forward(self, features: th.Tensor) -> th.Tensor:
+        s, K = self.slices, self.K
+        x = features.double()
+        glob = x[:, s["global"]]
+        slots = x[:, s["waiting"]].reshape(-1, K, self.F)
+        mask = x[:, s["waiting_mask"]]
+        prompt, generated = _count(slots[..., _PROMPT]), _count(slots[..., _GENERATED])
+        # yhat: the prompt's bucket mean, else the overall mean, else the prior (work.py)
+        fallback = th.where(glob[:, _SEEN_ALL] > 0.5, glob[:, _MEAN_ALL] / _MEAN_TOKENS_SCALE,
+                            th.full_like(glob[:, _MEAN_ALL], PRIOR_OUTPUT_TOKENS))
+        table = th.where(glob[:, _SEEN] > 0.5, glob[:, _MEANS] / _MEAN_TOKENS_SCALE,
+                         fallback.unsqueeze(1))
+        bucket = th.bucketize(prompt, self.edges, right=True)
+        yhat = th.maximum(th.gather(table, 1, bucket), generated + 1.0)
+        c_f, c_p, c_d = self.spec.work
+        key = (c_f + c_p * prompt + c_d * yhat).clamp(min=0.0)
+        score = self.lo + (1.0 - self.lo) / (1.0 + key / _KEY_SCALE_S)
+        waited = (th.exp2(slots[..., _WAITED] * _TIME_SPAN) - 1.0) / 1000.0
+        cls = _count(slots[..., _CLASS]).long().clamp(0, len(self.spec.ttft_s) - 1)
+        a, b = self.spec.lead
+        lost = (generated == 0) & (waited + a + b * prompt > self.ttft[cls])
+        waiting = th.where(lost, th.full_like(score, UNREACHABLE_SCORE), score) * mask
+        out = [waiting.float(), self.running * features[:, s["running_mask"]]]
+        if self.spec.cap_score is not None:
+            out.append(features.new_full((features.shape[0], 1), self.spec.cap_score))
+        return th.cat(out, dim=1)
+
+
+def as_numpy(prior: HeuristicPrior, obs: Mapping[str, np.ndarray]) -> np.ndarray:
+    """The prior's scores for one observation dict (a test and debugging helper)."""
+    flat = th.as_tensor(np.concatenate([np.asarray(obs[k], np.float32).ravel()
+                                        for k in prior.slices]))[None]
+    with th.no_grad():
+        return prior(flat)[0].numpy()

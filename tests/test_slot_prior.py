@@ -1,0 +1,74 @@
+"""The slot scorer's heuristic prior (residual policy learning): it plays the heuristic."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("stable_baselines3")
+
+import cbgym  # noqa: E402
+from cbgym.agents.slot_prior import HeuristicPrior, as_numpy, prior_spec  # noqa: E402
+from tests.test_imitation import overload_env  # noqa: E402
+
+
+def _prior(env: cbgym.SchedulingEnv, policy: str) -> HeuristicPrior:
+    from stable_baselines3.common.preprocessing import get_flattened_obs_dim
+
+    slices, start = {}, 0
+    for key, sub in env.observation_space.spaces.items():
+        size = get_flattened_obs_dim(sub)
+        slices[key] = slice(start, start + size)
+        start += size
+    spec = prior_spec(policy, env.config, env.slo, env.hold_threshold, env.admission_cap)
+    return HeuristicPrior(spec, slices, env.K, env.R, 8)
+
+
+def test_the_prior_alone_plays_the_heuristic_request_for_request() -> None:
+    """While the queue fits the visible window, the prior's scores (read from the observation
+    alone) make the env take cb-sjf-work-shed:6's decisions: admissions, sheds and the cap."""
+    env = overload_env(K=64)
+    prior = _prior(env, "cb-sjf-work-shed:6")
+    obs, _ = env.reset(seed=0)
+    done = False
+    while not done:
+        obs, _, te, tr, _ = env.step(np.clip(as_numpy(prior, obs), -1.0, 1.0))
+        done = te or tr
+    played = env.episode_result().requests
+    fast = cbgym.simulate(env.episode_trace, "cb-sjf-work-shed:6", engine=env.config,
+                          slo=env.slo).requests
+    assert (played["status"] == "shed").sum() > 0
+    for col in ("first_scheduled_s", "finish_s", "status"):
+        np.testing.assert_array_equal(played[col].to_numpy(), fast[col].to_numpy(), err_msg=col)
+
+
+def test_a_policy_with_a_prior_starts_as_the_prior_and_saves_it(tmp_path) -> None:
+    import torch as th
+    from stable_baselines3 import PPO
+
+    from cbgym.agents.slot_net import SlotPolicy
+    from cbgym.agents.slot_prior import spec_dict
+
+    env = overload_env(K=16)
+    prior = _prior(env, "cb-sjf-work-shed:6")
+    model = PPO(SlotPolicy, env, n_steps=8, batch_size=8, device="cpu",
+                policy_kwargs={"prior": spec_dict(prior.spec)})
+    obs, _ = env.reset(seed=1)
+    for _ in range(5):
+        obs, *_ = env.step(env.action_space.sample())
+    mean, _ = model.predict(obs, deterministic=True)
+    np.testing.assert_allclose(mean, np.clip(as_numpy(prior, obs), -1, 1), atol=1e-6)
+    model.save(tmp_path / "m.zip")
+    again = PPO.load(tmp_path / "m.zip", device="cpu")
+    assert again.policy.mlp_extractor.prior is not None
+    with th.no_grad():
+        np.testing.assert_allclose(again.predict(obs, deterministic=True)[0], mean)
+
+
+def test_a_prior_names_what_it_cannot_play() -> None:
+    env = overload_env()
+    with pytest.raises(ValueError, match="expected one of cb-sjf-work-shed"):
+        prior_spec("fcfs", env.config, env.slo, -0.5, True)
+    with pytest.raises(ValueError, match="needs the env's cap score"):
+        prior_spec("cb-sjf-work-shed:4", env.config, env.slo, -0.5, False)
