@@ -64,5 +64,5 @@ def test_cbgym_evaluate_on_a_cluster_task(capsys: pytest.CaptureFixture[str]) ->
     import json
 
     doc = json.loads(capsys.readouterr().out)
-    assert doc["best_reference"] == "jsq-tokens"
+    assert doc["best_reference"] == "jsq-time"
     assert {r["policy"] for r in doc["rows"]} >= {"round-robin", "random actions"}

@@ -440,7 +440,7 @@ class DoorRule:
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 10_000), spec=st.sampled_from(
-    ["kairos", "kairos-transfer", "always-disaggregate", "dynamo", "jsq-tokens",
+    ["kairos", "kairos-transfer", "always-disaggregate", "dynamo", "jsq-tokens", "jsq-time",
      "least-outstanding", "round-robin"]), interval=st.sampled_from([0.0, 0.05]),
        mode=st.sampled_from(["bulk", "pipelined"]), policy=st.sampled_from(["fcfs", "sjf-ctx"]),
        blocks=st.integers(50, 200))

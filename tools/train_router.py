@@ -34,11 +34,15 @@ def main() -> None:
     ap.add_argument("--demo-steps", type=int, default=30_000)
     ap.add_argument("--epochs", type=int, default=10)
     ap.add_argument("--lr", type=float, default=3e-4)
+    ap.add_argument("--ent-coef", type=float, default=0.01,
+                    help="PPO's entropy bonus (0: none, so a clone is not pushed to uniform)")
     ap.add_argument("--ship", action="store_true",
                     help="also copy the model to cbgym/agents/checkpoints/router-TASK.zip")
     args = ap.parse_args()
     if args.steps < 0 or args.envs < 1 or args.epochs < 0 or not args.lr > 0:
         ap.error("--steps and --epochs must be >= 0, --envs >= 1, --lr > 0")
+    if not args.ent_coef >= 0:
+        ap.error(f"--ent-coef must be >= 0, got {args.ent_coef}")
     if args.imitate:
         from cbgym.agents.routing import make_router
         from cbgym.cluster.routing import RouterContext
@@ -69,7 +73,7 @@ def main() -> None:
     envs = DummyVecEnv([lambda: Monitor(gym.make(task.env_id).unwrapped)
                         for _ in range(args.envs)])
     model = MaskablePPO("MultiInputPolicy", envs, n_steps=1024, batch_size=256,
-                        learning_rate=args.lr, gamma=0.999, ent_coef=0.01, seed=args.seed,
+                        learning_rate=args.lr, gamma=0.999, ent_coef=args.ent_coef, seed=args.seed,
                         verbose=0, tensorboard_log=str(out / "tb"))
     t = time.perf_counter()
     if args.imitate:

@@ -28,6 +28,7 @@ from cbgym.cluster.state import (
     PREFILL,
     QUEUE,
     ROLE,
+    ROUTED,
     SEQS,
     SETUP,
     THRESHOLD,
@@ -39,10 +40,11 @@ from cbgym.engine.pricing import TABLE, price
 
 # rule codes (DOOR: a Python router answers at the door)
 (DOOR, ROUND_ROBIN, LEAST_OUTSTANDING, JSQ_TOKENS, ALWAYS, NEVER, DYNAMO, LLM_D, KAIROS,
- KAIROS_TRANSFER) = _codes(10)
+ KAIROS_TRANSFER, JSQ_TIME) = _codes(11)
 RULES = {"round-robin": ROUND_ROBIN, "least-outstanding": LEAST_OUTSTANDING,
          "jsq-tokens": JSQ_TOKENS, "always-disaggregate": ALWAYS, "never-disaggregate": NEVER,
-         "dynamo": DYNAMO, "llm-d": LLM_D, "kairos": KAIROS, "kairos-transfer": KAIROS_TRANSFER}
+         "dynamo": DYNAMO, "llm-d": LLM_D, "kairos": KAIROS, "kairos-transfer": KAIROS_TRANSFER,
+         "jsq-time": JSQ_TIME}
 # load rows
 (W_N, W_TOK, R_N, D_BATCH, D_CTX, R_TOK, KV_USE, FREE_B, T_IN, T_OUT, LOCAL_P, LAST_DT,
  INCOMING_N, HELD_OUT) = (np.int64(LOAD_FIELDS.index(f)) for f in LOAD_FIELDS)
@@ -178,6 +180,30 @@ def kairos_ok(inst: np.ndarray, loads: np.ndarray, d: int, prompt: int, cached: 
 
 
 @no_alloc_kernel
+def least_time(inst: np.ndarray, coefs: np.ndarray, loads: np.ndarray, role: int, prompt: int,
+               cached: np.ndarray) -> int:
+    """jsq-time's pick in the pool of ``role`` (-1: empty): the least estimated time to
+    prefill the instance's pending prompt tokens and this prompt (less what its prefix cache
+    holds) on its own cost model, ties by fewer requests held, then the lowest index.
+    Pending: the report's, plus the requests routed there since it (``inst[ROUTED]``: the
+    router's own in-flight accounting, as production routers keep it; each counted as this
+    prompt), without which every arrival between two reports joins the same queue. On GPUs
+    of one kind it orders as jsq-tokens would with that accounting."""
+    best, t_best, h_best = -1, np.inf, 0.0
+    for i in range(inst.shape[1]):
+        if inst[ROLE, i] != role:
+            continue
+        sent = inst[ROUTED, i]
+        t = prefill_seconds(inst[COST_KIND, i], coefs[i], inst[BUDGET, i],
+                            np.int64(prefill_work(loads, i)) + sent * prompt + prompt
+                            - cached[i])
+        held = committed(loads, i) + sent
+        if best < 0 or t < t_best or (t == t_best and held < h_best):
+            best, t_best, h_best = i, t, held
+    return best
+
+
+@no_alloc_kernel
 def prefill_estimate(code: int, cf: np.ndarray, inst: np.ndarray, coefs: np.ndarray,
                      loads: np.ndarray, p: int, prompt: int, cached: int = 0,
                      sent: int = -1) -> float:
@@ -236,6 +262,13 @@ def route_rule(code: int, cf: np.ndarray, inst: np.ndarray, coefs: np.ndarray,
     on the decode pod)."""
     if code == KAIROS or code == KAIROS_TRANSFER:
         kairos(code, cf, inst, coefs, loads, prompt, cached, ttft_target, tpot_target, out)
+    elif code == JSQ_TIME:
+        if pool_size(inst, UNIFIED) > 0:
+            out[0], out[1] = -1, least_time(inst, coefs, loads, UNIFIED, prompt, cached)
+        else:
+            out[0] = least_time(inst, coefs, loads, PREFILL, prompt, cached)
+            out[1] = pick(LEAST_OUTSTANDING, inst, loads, DECODE, count)
+        out[2] = 0
     elif code <= JSQ_TOKENS:
         if pool_size(inst, UNIFIED) > 0:
             out[0], out[1] = -1, pick(code, inst, loads, UNIFIED, count)

@@ -13,6 +13,7 @@ from cbgym.agents.routing.basic import (
     PowerOfTwo,
     RandomRouter,
     RoundRobin,
+    ShortestQueueTime,
     ShortestQueueTokens,
 )
 from cbgym.agents.routing.disagg import AlwaysDisaggregate, Dynamo, LlmD, NeverDisaggregate
@@ -23,8 +24,8 @@ from cbgym.cluster.routing import Router
 
 ROUTERS: dict[str, type[Router]] = {
     cls.name: cls for cls in (
-        RandomRouter, RoundRobin, LeastOutstanding, ShortestQueueTokens, PowerOfTwo,
-        AlwaysDisaggregate, NeverDisaggregate, Dynamo, LlmD, Kairos, KairosTransfer,
+        RandomRouter, RoundRobin, LeastOutstanding, ShortestQueueTokens, ShortestQueueTime,
+        PowerOfTwo, AlwaysDisaggregate, NeverDisaggregate, Dynamo, LlmD, Kairos, KairosTransfer,
         LearnedRouter, InFlightCap, *PREFIX_ROUTERS)
 }
 

@@ -2,11 +2,14 @@
 
 On a cluster with unified instances they pick one of those; on a disaggregated cluster
 (prefill and decode pools) they pick a prefill instance and a decode instance by the same
-rule and always disaggregate. Rules as in Vidur's global schedulers (random, round-robin,
-least outstanding requests), splitwise-sim (join the shortest queue by pending tokens) and
-Mitzenmacher's power of two choices. Round-robin, least-outstanding and jsq-tokens are
-compiled rules (:mod:`cbgym.cluster.route_ops`); random and power-of-two draw from the run's
-generator at the door.
+rule and always disaggregate (jsq-time: decode instances by requests held). Rules as in
+Vidur's global schedulers (random, round-robin, least outstanding requests), splitwise-sim
+(join the shortest queue by pending tokens) and Mitzenmacher's power of two choices, and
+``jsq-time``: the shortest queue by its estimated prefill time on each instance's own cost
+model, which is what a queue of tokens means on GPUs of different speeds (Kairos's TTFT_P
+estimate, applied to every pool). Round-robin, least-outstanding, jsq-tokens and jsq-time
+are compiled rules (:mod:`cbgym.cluster.route_ops`); random and power-of-two draw from the
+run's generator at the door.
 """
 
 from __future__ import annotations
@@ -80,6 +83,20 @@ class ShortestQueueTokens(CompiledRule):
 
     name = "jsq-tokens"
     code = ro.JSQ_TOKENS
+
+
+class ShortestQueueTime(CompiledRule):
+    """Join the queue that is shortest in time: the least estimated seconds to prefill the
+    instance's pending prompt tokens (waiting and running) and this prompt, less what its
+    prefix cache holds, chunked by its token budget and priced by its own cost model; ties by
+    fewer requests held, then the lowest index. Pending counts the requests routed there since
+    the load report (``RoutingPoint.routed_since_report``, each as this prompt): the in-flight
+    accounting production routers keep, without which the arrivals between two reports herd
+    onto one queue. On a disaggregated cluster the prefill instance by that estimate
+    (Kairos's TTFT_P) and the decode instance by requests held."""
+
+    name = "jsq-time"
+    code = ro.JSQ_TIME
 
 
 class PowerOfTwo(PoolRouter):

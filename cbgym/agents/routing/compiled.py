@@ -17,6 +17,7 @@ from cbgym.cluster.routing import (
     RouterContext,
     RoutingPoint,
 )
+from cbgym.cluster.state import ROUTED
 from cbgym.cluster.tables import loads_array, rule_settings, static_tables
 
 
@@ -54,6 +55,9 @@ class CompiledRule(Router):
 
     def route(self, rp: RoutingPoint) -> Route:
         inst, coefs, cf = self._tables(rp.config)
+        if rp.routed_since_report is not None and rp.routed_since_report.any():
+            inst = inst.copy()  # (the dynamic row the kernel's rules read from the cluster)
+            inst[ROUTED] = rp.routed_since_report
         self.count = getattr(self, "count", 0) + 1
         loads = (loads_array(rp.loads) if rp.loads is not None
                  else np.zeros((len(LOAD_FIELDS), rp.num_instances)))
