@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import cbgym
+from cbgym import Trace
 from cbgym.agents.routing import make_router
 from cbgym.cluster.config import ClusterConfig
 from cbgym.cluster.routing import LOAD_FIELDS, ROLE_CODES, Loads, Route, RouterContext, RoutingPoint
@@ -14,7 +15,8 @@ from cbgym.engine.config import EngineConfig
 from cbgym.engine.cost_model import BatchStats
 from cbgym.workload import synthetic_trace
 
-HETERO = ClusterConfig.preset("2x:llama-3.1-8b/a100-80gb+2x:llama-3.1-8b/h100-80gb")
+HETERO_SPEC = "2x:llama-3.1-8b/a100-80gb+2x:llama-3.1-8b/h100-80gb"
+HETERO = ClusterConfig.preset(HETERO_SPEC)
 
 
 def point(cfg: ClusterConfig, prompt: int, cached: list[int] | None = None,
@@ -58,13 +60,23 @@ def test_equal_token_queues_go_to_the_faster_gpu() -> None:
     assert route("jsq-time", rp) == Route.to(2)
 
 
-@pytest.mark.parametrize("a100, h100", [(0, 4000), (2000, 9000), (5000, 20000), (100, 100)])
+@pytest.mark.parametrize("a100, h100", [(0, 4000), (2000, 9000), (5000, 20000), (100, 100),
+                                        (2000, 3000), (0, 1200)])
 def test_pick_is_the_least_estimated_prefill_time(a100: int, h100: int) -> None:
     rp = point(HETERO, 700, waiting_prefill_tokens=[a100, a100 + 50, h100, h100 + 50],
                running_prefill_tokens=[300, 0, 0, 300])
     work = rp.loads.waiting_prefill_tokens + rp.loads.running_prefill_tokens + 700
     est = [prefill_s(HETERO.engines[i], int(work[i])) for i in range(4)]
     assert route("jsq-time", rp) == Route.to(int(np.argmin(est)))
+
+
+def test_an_h100_with_more_tokens_queued_can_be_sooner() -> None:
+    # 2,000 tokens queued on each A100 against 3,000 on each H100: jsq-tokens takes an A100,
+    # jsq-time the H100 its estimate finds sooner (checked against the cost models here)
+    rp = point(HETERO, 500, waiting_prefill_tokens=[2000, 2000, 3000, 3000])
+    assert prefill_s(HETERO.engines[2], 3500) < prefill_s(HETERO.engines[0], 2500)
+    assert route("jsq-tokens", rp) == Route.to(0)
+    assert route("jsq-time", rp) == Route.to(2)
 
 
 def test_ties_go_to_fewer_requests_then_the_lowest_index() -> None:
@@ -75,18 +87,40 @@ def test_ties_go_to_fewer_requests_then_the_lowest_index() -> None:
 
 
 def test_requests_routed_since_the_report_count_as_this_prompt() -> None:
-    # both H100s idle at the report; three requests went to instance 2 since: 3 x 1,000
-    # tokens pending there, so instance 3; with nine there, an A100 with 4,000 pending wins
-    # only if its estimate is lower, as computed here
-    rp = point(HETERO, 1000, routed=[0, 0, 3, 0], waiting_prefill_tokens=[4000, 4000, 0, 0])
+    # both H100s idle at the report; three requests went to instance 2 since: 3 x 700
+    # tokens pending there, so instance 3
+    rp = point(HETERO, 700, routed=[0, 0, 3, 0], waiting_prefill_tokens=[4000, 4000, 0, 0])
     assert route("jsq-time", rp) == Route.to(3)
-    rp = point(HETERO, 1000, routed=[0, 0, 9, 9], waiting_prefill_tokens=[4000, 4000, 0, 0])
-    a100 = prefill_s(HETERO.engines[0], 5000)
-    h100 = prefill_s(HETERO.engines[2], 10000)
-    assert route("jsq-time", rp) == Route.to(0 if a100 < h100 else 2)
-    # a tie of estimates goes to fewer held, the ones routed since the report included
-    rp = point(HETERO, 1000, routed=[0, 0, 0, 0], num_running=[0, 0, 2, 1])
-    assert route("jsq-time", rp) == Route.to(3)
+    # twelve to each H100 since the report: 12 x 1,300 + 1,300 there against an A100's
+    # 4,000 + 1,300; the reported loads alone would pick an H100
+    rp = point(HETERO, 1300, routed=[0, 0, 12, 12], waiting_prefill_tokens=[4000, 4000, 0, 0])
+    a100 = prefill_s(HETERO.engines[0], 5300)
+    h100 = prefill_s(HETERO.engines[2], 16900)
+    assert a100 < h100
+    assert route("jsq-time", rp) == Route.to(0)
+    assert route("jsq-time", point(HETERO, 1300, waiting_prefill_tokens=[4000, 4000, 0, 0])
+                 ) == Route.to(2)
+
+
+def test_decode_instances_count_the_requests_routed_since_the_report() -> None:
+    cfg = ClusterConfig.preset("2p2d:llama-2-7b/a100-80gb")  # 0, 1: P; 2, 3: D
+    rp = point(cfg, 900, num_running=[0, 0, 1, 3])
+    assert route("jsq-time", rp) == Route.disaggregate(0, 2)
+    rp = point(cfg, 900, routed=[1, 0, 3, 0], num_running=[0, 0, 1, 3])
+    assert route("jsq-time", rp) == Route.disaggregate(1, 3)
+
+
+def test_same_instant_arrivals_spread_between_reports() -> None:
+    # sixteen requests at one instant, all reading one report (100 ms): the kernel's own
+    # count spreads them where the report alone would send every one to the same H100
+    cfg = ClusterConfig.preset(HETERO_SPEC, load_report_interval_s=0.1)
+    n = 16
+    tr = Trace(arrival_s=np.r_[0.0, np.full(n, 0.5)], prompt_tokens=np.full(n + 1, 800),
+               output_tokens=np.full(n + 1, 20), tenant=np.zeros(n + 1, np.int32),
+               slo_class=np.zeros(n + 1, np.int16))
+    placed = cbgym.simulate(tr, cluster=cfg, router="jsq-time").requests["decode_instance"]
+    counts = np.bincount(placed.to_numpy()[1:].astype(int), minlength=4)
+    assert counts.max() < n // 2 and counts[2:].sum() > counts[:2].sum()  # H100s take more
 
 
 def test_prefix_cache_hits_count_off_the_prompt() -> None:
@@ -104,7 +138,7 @@ def test_disaggregated_cluster_prefills_by_time_and_decodes_by_requests_held() -
 
 def test_on_gpus_of_one_kind_it_routes_as_jsq_tokens() -> None:
     # a token of queue costs the same everywhere: the same order, request for request (with
-    # live loads: nothing is routed between reports, so no in-flight accounting)
+    # live loads the in-flight count stays zero: the two rules then read the same loads)
     tr = synthetic_trace("conv").window(0, 600)
     cfg = ClusterConfig.preset("4x:llama-3.1-8b/h100-80gb", load_report_interval_s=0.0)
     a = cbgym.simulate(tr, cluster=cfg, router="jsq-tokens", load=1.5).requests

@@ -2,7 +2,8 @@
 
 A rule reads a load report (``loads``: rows in :data:`cbgym.cluster.routing.LOAD_FIELDS`
 order, a column per instance), the instances' static rows (``inst``: ``ROLE``, ``BUDGET``,
-``BLOCK``, ``SEQS``, ``KV_BYTES``, ``COST_KIND`` of :mod:`cbgym.cluster.state`) and cost
+``BLOCK``, ``SEQS``, ``KV_BYTES``, ``COST_KIND`` of :mod:`cbgym.cluster.state`; jsq-time also
+its dynamic ``ROUTED`` row, the requests routed to each since the load report) and cost
 coefficients, and writes a route into ``out``: prefill instance (-1: none), decode
 instance, chunk cap. The cluster loop calls :func:`route_rule` at each arrival when its
 router is one of these; the Python routers of :mod:`cbgym.agents.routing` call the same
@@ -184,16 +185,23 @@ def least_time(inst: np.ndarray, coefs: np.ndarray, loads: np.ndarray, role: int
                cached: np.ndarray) -> int:
     """jsq-time's pick in the pool of ``role`` (-1: empty): the least estimated time to
     prefill the instance's pending prompt tokens and this prompt (less what its prefix cache
-    holds) on its own cost model, ties by fewer requests held, then the lowest index.
-    Pending: the report's, plus the requests routed there since it (``inst[ROUTED]``: the
-    router's own in-flight accounting, as production routers keep it; each counted as this
-    prompt), without which every arrival between two reports joins the same queue. On GPUs
-    of one kind it orders as jsq-tokens would with that accounting."""
+    holds) on its own cost model, ties by fewer requests held, then the lowest index; a
+    decode instance by fewer requests held. Pending and held count the requests routed
+    there since the load report (``inst[ROUTED]``: the router's own in-flight accounting, as
+    production routers keep it; each counted as this prompt), without which every arrival
+    between two reports joins the same queue. With live loads nothing is counted between
+    reports, and requests delivered but not yet admitted are not in the loads (as for every
+    rule). The queue is priced as one sequence of that many tokens, as Kairos prices TTFT_P."""
     best, t_best, h_best = -1, np.inf, 0.0
     for i in range(inst.shape[1]):
         if inst[ROLE, i] != role:
             continue
         sent = inst[ROUTED, i]
+        if role == DECODE:  # (decodes by requests held, those routed since included)
+            held = committed(loads, i) + sent
+            if best < 0 or held < h_best:
+                best, h_best = i, held
+            continue
         t = prefill_seconds(inst[COST_KIND, i], coefs[i], inst[BUDGET, i],
                             np.int64(prefill_work(loads, i)) + sent * prompt + prompt
                             - cached[i])
@@ -267,7 +275,7 @@ def route_rule(code: int, cf: np.ndarray, inst: np.ndarray, coefs: np.ndarray,
             out[0], out[1] = -1, least_time(inst, coefs, loads, UNIFIED, prompt, cached)
         else:
             out[0] = least_time(inst, coefs, loads, PREFILL, prompt, cached)
-            out[1] = pick(LEAST_OUTSTANDING, inst, loads, DECODE, count)
+            out[1] = least_time(inst, coefs, loads, DECODE, prompt, cached)
         out[2] = 0
     elif code <= JSQ_TOKENS:
         if pool_size(inst, UNIFIED) > 0:

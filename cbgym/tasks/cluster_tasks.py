@@ -89,10 +89,10 @@ CLUSTER_TASKS = {t.name: t for t in (
     # the A100s' lower speed (round-robin) queues there. Load 2.5 of the cluster's burst
     # capacity under round-robin, SLO 500 ms / 50 ms, chosen on validation windows (at 1.5
     # every balancer is within 5% of the others). jsq-time, added later, meets the SLO for
-    # 508.8 of 512 requests a window there. Loads 3.5 and 4.0 were tried after it: on
+    # 511.9 of 512 requests a window there. Loads 3.5 and 4.0 were tried after it: on
     # validation it meets 500.4 and 442.8, but on the test windows three of eight then
-    # overload every replica under the load-reading rules (round-robin keeps the H100s'
-    # half), so the load stayed 2.5 (docs/benchmark.md)
+    # overload every replica under the two jsq rules (round-robin keeps the H100s' half),
+    # so the load stayed 2.5 (docs/benchmark.md)
     ClusterTask("conv-4x-hetero-routing", "azure-conv-2023",
                 "2x:llama-3.1-8b/a100-80gb+2x:llama-3.1-8b/h100-80gb",
                 train_load=(2.0, 3.0), test_load=2.5, slo=SLO(0.5, 0.05), test_windows=8,

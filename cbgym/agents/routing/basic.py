@@ -93,7 +93,9 @@ class ShortestQueueTime(CompiledRule):
     the load report (``RoutingPoint.routed_since_report``, each as this prompt): the in-flight
     accounting production routers keep, without which the arrivals between two reports herd
     onto one queue. On a disaggregated cluster the prefill instance by that estimate
-    (Kairos's TTFT_P) and the decode instance by requests held."""
+    (Kairos's TTFT_P) and the decode instance by requests held (those routed since the
+    report included). The queue is priced as one sequence of that many tokens, as Kairos
+    prices TTFT_P, so its attention term grows with the square of the queue."""
 
     name = "jsq-time"
     code = ro.JSQ_TIME
