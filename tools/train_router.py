@@ -76,10 +76,13 @@ def main() -> None:
                         learning_rate=args.lr, gamma=0.999, ent_coef=args.ent_coef, seed=args.seed,
                         verbose=0, tensorboard_log=str(out / "tb"))
     t = time.perf_counter()
+    cloned: dict[str, object] = {}
     if args.imitate:
         obs, acts = demonstrate(gym.make(task.env_id).unwrapped, args.imitate,
                                 args.demo_steps, args.seed)
         loss, agree = clone(model.policy, obs, acts, args.epochs, args.seed)
+        cloned = {"imitated": args.imitate, "routing_points": len(acts),
+                  "agreement": round(agree, 3)}
         print(f"cloned {args.imitate} on {len(acts)} routing points in "
               f"{time.perf_counter() - t:.0f} s: loss {loss:.3f}, agreement {agree:.3f}")
     if args.steps:
@@ -102,6 +105,7 @@ def main() -> None:
         card = {"task": args.task, "algo": "maskable_ppo",
                 "command": "python tools/train_router.py " + " ".join(sys.argv[1:]),
                 "validation_goodput": {k: float(v.mean()) for k, v in ev.goodput.items()},
+                **({"clone": cloned} if cloned else {}),
                 "trained_on": f"training windows of {task.trace}, loads {task.train_load}",
                 "acts": "routes drawn from the policy's distribution, seeded by the run's "
                         "seed; ':deterministic' takes the most likely"}
