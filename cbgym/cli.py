@@ -184,7 +184,7 @@ def _bench_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                           "then names the one local policy of every instance")
     clu.add_argument("--routers", type=T.listed(str, "routers"), default=None,
                      metavar="R[,R...]", help="router specs (cbgym.agents.routing.ROUTERS); "
-                     "default round-robin,least-outstanding,jsq-tokens, or on a "
+                     "default round-robin,least-outstanding,jsq-tokens,jsq-time, or on a "
                      "disaggregated cluster always-disaggregate,dynamo,kairos")
     clu.add_argument("--tbt", type=T.positive_float, default=None, metavar="S",
                      help="also require each request's worst gap between tokens <= S")

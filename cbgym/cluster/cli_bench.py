@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-UNIFIED_ROUTERS = ("round-robin", "least-outstanding", "jsq-tokens")
+UNIFIED_ROUTERS = ("round-robin", "least-outstanding", "jsq-tokens", "jsq-time")
 DISAGG_ROUTERS = ("always-disaggregate", "dynamo", "kairos")
 
 
