@@ -34,9 +34,9 @@ instance's inbox (kept in arrival order) and bounds no other instance. Same resu
 **Compiled.** The loop is :func:`cbgym.cluster.loop.run` on the instances' batched states
 (:mod:`cbgym.cluster.state`): a router whose rule is compiled (:mod:`cbgym.cluster.route_ops`:
 round-robin, least-outstanding, jsq-tokens, jsq-time and the disaggregation rules, Kairos
-included) is
-applied in the kernel, any other one answers at the door; local policies decided in the
-kernel (FCFS, static keys) never leave it, others are asked at their decision points.
+included) is applied in the kernel, any other one answers at the door; local policies
+decided in the kernel (FCFS, static keys) never leave it, others are asked at their
+decision points.
 """
 
 from __future__ import annotations

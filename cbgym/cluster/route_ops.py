@@ -197,15 +197,14 @@ def least_time(inst: np.ndarray, coefs: np.ndarray, loads: np.ndarray, role: int
         if inst[ROLE, i] != role:
             continue
         sent = inst[ROUTED, i]
-        if role == DECODE:  # (decodes by requests held, those routed since included)
-            held = committed(loads, i) + sent
+        held = committed(loads, i) + sent
+        if role == DECODE:  # (decodes by requests held alone)
             if best < 0 or held < h_best:
                 best, h_best = i, held
             continue
         t = prefill_seconds(inst[COST_KIND, i], coefs[i], inst[BUDGET, i],
                             np.int64(prefill_work(loads, i)) + sent * prompt + prompt
                             - cached[i])
-        held = committed(loads, i) + sent
         if best < 0 or t < t_best or (t == t_best and held < h_best):
             best, t_best, h_best = i, t, held
     return best
