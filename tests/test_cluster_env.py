@@ -228,3 +228,24 @@ def test_the_shipped_learned_router_loads_and_routes() -> None:
         assert res.summary()["num_requests"] == 60
     with pytest.raises(ValueError, match="deterministic"):
         make_router("learned-router:code-2p2d-deflection:maybe")
+
+
+def test_every_cluster_task_ships_a_router_for_its_own_env() -> None:
+    """Each task's learned router: a card naming the task, and a model whose spaces are the
+    task env's (what ``cbgym evaluate --policy learned-router:<task>`` replays)."""
+    pytest.importorskip("sb3_contrib")
+    import json
+
+    from sb3_contrib import MaskablePPO
+
+    from cbgym.agents.routing.learned import CHECKPOINTS
+    from cbgym.tasks.cluster_tasks import CLUSTER_TASKS
+
+    for name, t in CLUSTER_TASKS.items():
+        zip_path = CHECKPOINTS / f"router-{name}.zip"
+        card = json.loads(zip_path.with_suffix(".json").read_text())
+        assert card["task"] == name and "validation_goodput" in card
+        model = MaskablePPO.load(zip_path, device="cpu")
+        env = gym.make(t.env_id).unwrapped
+        assert model.action_space == env.action_space, name
+        assert model.observation_space == env.observation_space, name
