@@ -103,6 +103,8 @@ class Cluster:
         client: how clients time out and retry (:class:`~cbgym.cluster.edge.ClientModel`):
             each retry is a request of its own (``self.trace`` has a slot for every attempt
             a client may make, the trace's requests first; ``num_offered`` of them).
+        decode_stretches: run each instance's decode-only iterations in stretches (off:
+            one at a time, the reference the stretches are tested against).
     """
 
     def __init__(self, trace: Trace, config: ClusterConfig, router: Router | None,
@@ -110,7 +112,7 @@ class Cluster:
                  record_iterations: bool = False, lock_step: bool = False,
                  audit: bool = False, eager: bool = True, itl_p99: bool = True,
                  admission: AdmissionConfig | None = None,
-                 client: ClientModel | None = None) -> None:
+                 client: ClientModel | None = None, decode_stretches: bool = True) -> None:
         N = config.num_instances
         if len(policies) != N:
             raise ValueError(f"Cluster: {len(policies)} local policies for {N} instances")
@@ -150,7 +152,8 @@ class Cluster:
                                        record_iterations=record_iterations, keys=keys,
                                        victim_by_key=pol.victim_by_key and keys is not None,
                                        routed=True, state=K.view(self.S, i), itl_p99=itl_p99,
-                                       closed_loop=False))  # (sessions: open loop here)
+                                       closed_loop=False,  # (sessions: open loop here)
+                                       decode_stretches=decode_stretches))
         if self.edge:
             for eng in self.engines:
                 eng._trace_arrival = np.ascontiguousarray(sent)

@@ -31,6 +31,8 @@ from cbgym.engine.layout import (
     OUTBOX,
     OUTBOX_N,
     REASON,
+    REMOTE,
+    REMOTE_PENDING,
     STATUS,
     THINK,
     TURNS,
@@ -131,6 +133,15 @@ def report(s: State, rid: int) -> None:
     s.times[KV_EVENT, rid] = s.sf[NOW]
     s.ids[OUTBOX, s.si[OUTBOX_N]] = rid
     s.si[OUTBOX_N] += 1
+
+
+@no_alloc_kernel
+def await_kv(s: State, rid: int) -> None:
+    """``rid`` (a decode instance's request whose prompt a prefill instance computed) holds
+    the blocks for its prompt: its transfer starts now, and until the KV lands it waits,
+    skipped by admissions."""
+    s.req[REMOTE, rid] = REMOTE_PENDING
+    report(s, rid)
 
 
 @no_alloc_kernel

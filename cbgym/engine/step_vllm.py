@@ -16,12 +16,12 @@ import numpy as np
 from cbgym.engine import prefix_cache as pc
 from cbgym.engine.jit import no_alloc_kernel
 from cbgym.engine.kutil import (
+    await_kv,
     copy_ids,
     grow_named,
     grow_to,
     keep_status,
     remove,
-    report,
     sort_by_key,
 )
 from cbgym.engine.layout import (
@@ -301,8 +301,7 @@ def admit(s: State, p: Params, m: int, budget: int) -> int:
                     stalled = True
                     continue
                 break
-            remote[rid] = REMOTE_PENDING
-            report(s, rid)  # the transfer starts now
+            await_kv(s, rid)
             continue
         # swapped-out KV comes back; received KV is held already; else recompute, from
         # the leading blocks the prefix cache has (at most total - 1 tokens: the last one

@@ -19,6 +19,7 @@ import numpy as np
 from cbgym.engine import gaps, itl
 from cbgym.engine.execute import add_gap, finished, record
 from cbgym.engine.jit import no_alloc_kernel
+from cbgym.engine.kutil import await_kv, grow_to
 from cbgym.engine.layout import (
     ARRIVAL,
     BLOCK_SIZE,
@@ -119,6 +120,50 @@ def head_blocked(s: State, p: Params, need: int) -> bool:
 
 
 @no_alloc_kernel
+def remote_takes(s: State, p: Params, need: int) -> int:
+    """How many requests whose KV a prefill instance sends get their prompt's blocks at a
+    decode-only iteration whose running batch takes ``need`` new blocks, when that is all
+    the iteration admits (as :func:`~cbgym.engine.step_vllm.admit` does it: in the standing
+    order, those with KV in flight skipped, until one does not fit); 0 when it gives none,
+    or would also admit a request into the batch (KV landed, or a local prompt): the batch
+    then changes, and plain iteration runs it."""
+    si, ci = s.si, p.ci
+    if ci[PAPER] or ci[PREFIX] or si[N_RUN] >= ci[MAX_SEQS] or si[N_RUN] >= ci[BUDGET]:
+        return 0
+    k = admission_candidates(s)
+    order, remote, tokens, held = s.ids[ORDER], s.req[REMOTE], s.req[TOKENS], s.req[HELD]
+    bs, free, count = ci[BLOCK_SIZE], si[FREE] - need, np.int64(0)
+    for j in range(k):
+        rid = order[j]
+        if remote[rid] == REMOTE_PENDING:
+            continue
+        if remote[rid] != REMOTE_NEW:
+            return 0
+        blocks = max(-(-tokens[rid] // bs) - held[rid], 0)
+        if blocks > free:
+            break  # it waits at the head for blocks, and the queue behind it
+        free -= blocks
+        count += 1
+    return count
+
+
+@no_alloc_kernel
+def give_remote(s: State, p: Params, count: int) -> None:
+    """The blocks :func:`remote_takes` counted, to its ``count`` requests (the running
+    batch's own taken first); their transfers start now."""
+    k = admission_candidates(s)
+    order, remote = s.ids[ORDER], s.req[REMOTE]
+    for j in range(k):
+        if count == 0:
+            break
+        rid = order[j]
+        if remote[rid] == REMOTE_NEW:
+            grow_to(s, p.ci[BLOCK_SIZE], rid, s.req[TOKENS, rid])
+            await_kv(s, rid)
+            count -= 1
+
+
+@no_alloc_kernel
 def end_segment(s: State, p: Params, free: int, t: float, begin: float, steps: int,
                 dt: float) -> None:
     """Bring the state's clock and free blocks up to ``t`` and write the time-series row of
@@ -141,9 +186,16 @@ def decode_stretch(s: State, p: Params) -> bool:
         return False
     if ci[PREFIX]:
         return False  # (named blocks: the engine turns stretches off; never run one here)
+    # requests whose KV a prefill instance sends, given their blocks at the first step (a
+    # decode instance's arrivals: they hold blocks, not a place in the batch)
+    take = np.int64(0)
     if si[N_WAIT] > 0 and (ci[CONSULT] >= EVERY_ITERATION
                            or not head_blocked(s, p, si[PLAN_TOTAL])):
-        return False
+        if ci[CONSULT] >= EVERY_ITERATION:
+            return False
+        take = remote_takes(s, p, si[PLAN_TOTAL])
+        if take == 0:
+            return False
     running = s.ids[RUN_Q]
     computed, generated, tokens = s.req[COMPUTED], s.req[GENERATED], s.req[TOKENS]
     bs = ci[BLOCK_SIZE]
@@ -197,10 +249,18 @@ def decode_stretch(s: State, p: Params) -> bool:
             next_at = arrival[inbox[nxt]] if nxt < si[INBOX_N] else np.inf
             if keyed and si[CHANGED]:
                 rank_by_key(s)
-            if not head_blocked(s, p, need):
-                break  # the next iteration admits
+            if head_blocked(s, p, need):
+                take = np.int64(0)
+            else:
+                take = remote_takes(s, p, need)
+                if take == 0:
+                    break  # the next iteration admits
         if need > free:
             break  # memory runs short: the next iteration preempts
+        if take:  # after the running batch's new blocks, as an iteration takes them
+            si[FREE] = free - need
+            give_remote(s, p, take)
+            free = si[FREE] + need
         dt = price(ci[COST_KIND], p.cost, n, np.int64(0), n, n, ctx + n * steps, n,
                    ctx + n * (steps + 1), np.int64(0))
         before = t
@@ -212,6 +272,8 @@ def decode_stretch(s: State, p: Params) -> bool:
                 itl.add(s.sf, ITL, t - before, n)
         steps += 1
         seg_steps += 1
+        if take:
+            break  # the transfers start: its cluster moves before this instance goes on
     end_segment(s, p, free, t, seg_begin, seg_steps, dt)
     si[ITERATION] += steps
     if steps == 0:
