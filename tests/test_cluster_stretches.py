@@ -2,9 +2,11 @@
 instance's time series are bit for bit those of iterating one decode step at a time.
 
 A decode instance's arrivals (requests whose KV a prefill instance sends) take blocks for
-their prompt without joining the batch; a stretch gives them their blocks at its last step
-(``cbgym.engine.stretch.remote_takes``) instead of ending before it. These tests hold it to
-plain iteration over random P/D clusters, traces, routes, links and local policies.
+their prompt when they arrive and join the batch for their 1-token step once their KV has
+landed; a stretch runs that iteration as its last step (``cbgym.engine.stretch_admit``)
+instead of ending before it. These tests hold it to plain iteration over random P/D
+clusters, traces, routes, links, local policies and batch limits (a full batch or token
+budget stops admissions part-way).
 """
 
 from __future__ import annotations
@@ -22,12 +24,13 @@ from cbgym.engine.engine import EngineStuckError
 from tests.test_cluster_ground_truth import Fixed
 
 
-def engine(blocks: int, preset: bool) -> EngineConfig:
+def engine(blocks: int, preset: bool, seqs: int = 256, budget: int = 4096) -> EngineConfig:
     if preset:  # a realistic cost model (the roofline's), its own KV size
-        return EngineConfig(preset="llama-2-7b/a100-80gb", num_kv_blocks=blocks)
+        return EngineConfig(preset="llama-2-7b/a100-80gb", num_kv_blocks=blocks,
+                            max_num_seqs=seqs, max_num_batched_tokens=budget)
     return EngineConfig(preset=None, cost_model=LinearCostModel(0.01, 1e-4, 2e-4),
                         num_kv_blocks=blocks, block_size=16, kv_bytes_per_token=1000,
-                        max_num_batched_tokens=4096)
+                        max_num_batched_tokens=budget, max_num_seqs=seqs)
 
 
 def both(tr: Trace, cfg: ClusterConfig, routes: list[Route],
@@ -61,11 +64,13 @@ def assert_same(runs: list[tuple[pd.DataFrame, pd.DataFrame] | None]) -> None:
        blocks=st.integers(120, 600), share=st.sampled_from([0.5, 0.9, 1.0]),
        setup=st.sampled_from([0.0, 1e-3]), mode=st.sampled_from(["bulk", "pipelined"]),
        policy=st.sampled_from(["fcfs", "sjf-ctx", "slo-edf"]),
-       burst=st.booleans(), preset=st.booleans())
+       burst=st.booleans(), preset=st.booleans(),
+       limits=st.sampled_from([(256, 4096), (6, 4096), (256, 24)]))
 def test_stretches_on_a_cluster_are_plain_iteration(seed: int, n_p: int, n_d: int,
                                                     blocks: int, share: float, setup: float,
                                                     mode: str, policy: str, burst: bool,
-                                                    preset: bool) -> None:
+                                                    preset: bool,
+                                                    limits: tuple[int, int]) -> None:
     rng = np.random.default_rng(seed)
     n = 60
     # bursts: many requests on one instant, so several reach a decode instance together
@@ -73,7 +78,7 @@ def test_stretches_on_a_cluster_are_plain_iteration(seed: int, n_p: int, n_d: in
     tr = Trace.from_arrays(arrival, rng.integers(1, 900, n), rng.integers(1, 120, n),
                            name=f"random-{seed}")
     cfg = ClusterConfig((Pool("prefill", n_p, engine(blocks, preset)),
-                         Pool("decode", n_d, engine(blocks, preset))),
+                         Pool("decode", n_d, engine(blocks, preset, *limits))),
                         LinkConfig(nic_gbps=2.0, setup_s=setup, mode=mode),
                         load_report_interval_s=0)
     routes = [Route.disaggregate(int(rng.integers(n_p)), n_p + int(rng.integers(n_d)))
