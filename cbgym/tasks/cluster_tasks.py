@@ -25,6 +25,10 @@ from cbgym.tasks.registry import Task
 BALANCERS = ("round-robin", "random", "least-outstanding", "jsq-tokens", "jsq-time",
              "power-of-two")
 OVERLOAD_CAPS = ("inflight-cap:100", "inflight-cap:150", "inflight-cap:200", "inflight-cap:300")
+FOUR_CAPS = ("inflight-cap:300", "inflight-cap:400", "inflight-cap:450", "inflight-cap:500",
+             "inflight-cap:600")
+PD_CAPS = ("inflight-cap:64:kairos", "inflight-cap:128:kairos", "inflight-cap:192:kairos",
+           "inflight-cap:256:kairos")
 CODE_CAPS = ("inflight-cap:32", "inflight-cap:48", "inflight-cap:64", "inflight-cap:100")
 RULES = ("always-disaggregate", "never-disaggregate", "dynamo", "llm-d", "kairos",
          "kairos-transfer", *BALANCERS)
@@ -109,6 +113,25 @@ CLUSTER_TASKS = {t.name: t for t in (
                 episode_requests=1024,
                 references=("round-robin", "least-outstanding", "jsq-tokens",
                             *OVERLOAD_CAPS),
+                client=ClientModel(timeout_s=10.0, max_retries=3, on_abandon="leave")),
+    # the same edge on four replicas: arrivals at 2.5x capacity spread over four queues
+    # (round-robin keeps 293 of 1,024 on validation windows, random routes 269). Caps swept
+    # on validation windows: 200: 488, 300: 561, 350: 586, 400: 614, 450: 639, 500: 584,
+    # 600: 494
+    ClusterTask("conv-4x-overload-retries", "azure-conv-2023", "4x:llama-3.1-8b/a100-80gb",
+                train_load=(1.5, 3.0), test_load=2.5, slo=SLO(2.0, 0.1),
+                episode_requests=1024,
+                references=("round-robin", "least-outstanding", "jsq-tokens", *FOUR_CAPS),
+                client=ClientModel(timeout_s=10.0, max_retries=3, on_abandon="leave")),
+    # the edge on the deflection task's 2P2D cluster: code requests at 5.0x the cluster's
+    # capacity (code-2p2d-deflection's SLO). Whether to deflect a prefill, with which chunk
+    # cap, and whom to answer 429. On validation windows Kairos keeps 252 of 512, Dynamo's
+    # rule 126, always-disaggregate 102, random routes 163; caps over Kairos: 64: 258,
+    # 128: 305, 192: 277, 256: 259
+    ClusterTask("code-2p2d-overload-retries", "azure-code-2023",
+                "2p2d:deepseek-v2-lite/a100-80gb", train_load=(4.0, 6.0), test_load=5.0,
+                slo=SLO(2.0, 0.1, tbt_s=0.2),
+                references=("always-disaggregate", "dynamo", "kairos", *PD_CAPS),
                 client=ClientModel(timeout_s=10.0, max_retries=3, on_abandon="leave")),
     # the same edge on the bursty code trace (inter-arrival CV 13; prompts about 2k tokens):
     # its bursts, not a steady excess, overload the two replicas, so no one cap suits every
