@@ -103,3 +103,25 @@ def test_arrivals_on_a_decode_instance_join_a_stretch() -> None:
     assert_same(runs)
     assert runs[0] is not None
     assert (runs[0][0]["transfer_bytes"].iloc[2:] == 64 * 1000).all()
+
+
+def test_a_remote_request_shed_on_arrival_ends_the_stretch() -> None:
+    """D sheds an arriving remote request (its prompt reaches D's max_model_len) while its
+    batch decodes: the cluster must hear of it after that iteration, as with plain
+    iteration (found in review: the stretch ran on, and P, asleep waiting for the blocks
+    the shed frees, heard of it 4.8 s late)."""
+
+    def linear(blocks: int, mml: int | None = None) -> EngineConfig:
+        return EngineConfig(preset=None, cost_model=LinearCostModel(0.01, 1e-4, 2e-4),
+                            num_kv_blocks=blocks, block_size=16, kv_bytes_per_token=1000,
+                            max_model_len=mml)
+
+    cfg = ClusterConfig((Pool("prefill", 1, linear(50)), Pool("decode", 1, linear(2000, 500))),
+                        LinkConfig(setup_s=0.0), load_report_interval_s=0)
+    tr = Trace.from_arrays(np.array([0.0, 0.1, 0.11]), np.array([10, 600, 300]),
+                           np.array([1000, 5, 5]), name="shed-in-stretch")
+    routes = [Route.deflect(1), Route.disaggregate(0, 1), Route.disaggregate(0, 1)]
+    runs = both(tr, cfg, routes, "fcfs")
+    assert_same(runs)
+    assert runs[0] is not None
+    assert runs[0][0]["first_token_s"].iloc[2] < 0.5

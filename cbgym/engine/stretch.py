@@ -7,7 +7,9 @@ independent of the batch size (the clock is still summed one iteration at a time
 are bit for bit those of iterating), then updates each running request once. It stops before
 the step at which the next request arrives (unless the policy's answer is known in the kernel
 and the queue's head stays blocked: arrivals then queue up), memory would run short, or after
-the step at which the first running request finishes. On a decode instance of a cluster, an
+the step at which the first running request finishes; on a cluster's instance also at its
+horizon (the cluster's next event) and after an arrival shed there (its cluster hears of it
+first). On a decode instance of a cluster, an
 iteration that admits only requests whose prompt a prefill instance computed (blocks for an
 arriving transfer, the 1-token step of landed KV) is the stretch's last step instead
 (:mod:`cbgym.engine.stretch_admit`). ``tests/test_engine_fixes.py`` and
@@ -51,6 +53,7 @@ from cbgym.engine.layout import (
     NO,
     NOW,
     ON_COMPLETION,
+    OUTBOX_N,
     P99_ON,
     PAPER,
     PLAN_CTX,
@@ -101,6 +104,8 @@ def decode_stretch(s: State, p: Params) -> bool:
         return False
     if ci[PREFIX]:
         return False  # (named blocks: the engine turns stretches off; never run one here)
+    if si[OUTBOX_N] > 0:
+        return False  # an arrival shed just now: its cluster acts after this iteration
     # a decode instance's arrivals admitted at the first step, which is then the last
     # (stretch_admit's docstring)
     takes = joins = np.int64(0)
@@ -161,6 +166,8 @@ def decode_stretch(s: State, p: Params) -> bool:
             admit_arrivals(s, p)
             if si[TURNS_N]:
                 break  # a turn shed on arrival: its session's next one is sent first
+            if si[OUTBOX_N] > 0:
+                break  # an arrival shed (its KV held by a prefill instance): its cluster first
             nxt = si[NEXT_ARRIVAL]
             next_at = arrival[inbox[nxt]] if nxt < si[INBOX_N] else np.inf
             if keyed and si[CHANGED]:
