@@ -4,9 +4,11 @@
     python tools/train_router.py --task code-2p2d-deflection --ship   # to the checkpoints
 
 ``--imitate kairos`` first clones a rule router: it plays the rule on the training windows,
-records each routing point's observation and the rule's route (as the env's action index,
-chunk caps rounded down to the table's), fits the policy's action distribution to them
-(cross-entropy), then fine-tunes with PPO.
+records each routing point's observation, the rule's route (as the env's action index,
+chunk caps rounded down to the table's) and the discounted return that followed, fits the
+policy's action distribution to the routes (cross-entropy) and its critic to the returns (as
+``cbgym.agents.imitation.clone`` does for the schedulers), then fine-tunes with PPO: its
+first advantages then come from the rule's values rather than a critic at its random start.
 
 Episodes come from the task's training windows only; the run prints the validation score
 (``cbgym.tasks.cluster_tasks.evaluate_cluster(..., split="validation")``) against the task's
@@ -78,9 +80,9 @@ def main() -> None:
     t = time.perf_counter()
     cloned: dict[str, object] = {}
     if args.imitate:
-        obs, acts = demonstrate(gym.make(task.env_id).unwrapped, args.imitate,
-                                args.demo_steps, args.seed)
-        loss, agree = clone(model.policy, obs, acts, args.epochs, args.seed)
+        obs, acts, returns = demonstrate(gym.make(task.env_id).unwrapped, args.imitate,
+                                         args.demo_steps, args.seed, model.gamma)
+        loss, agree = clone(model.policy, obs, acts, returns, args.epochs, args.seed)
         cloned = {"imitated": args.imitate, "routing_points": len(acts),
                   "agreement": round(agree, 3)}
         print(f"cloned {args.imitate} on {len(acts)} routing points in "
@@ -113,9 +115,10 @@ def main() -> None:
         print(f"shipped {target} and its card")
 
 
-def demonstrate(env, spec: str, steps: int, seed: int):  # type: ignore[no-untyped-def]
+def demonstrate(env, spec: str, steps: int, seed: int,  # type: ignore[no-untyped-def]
+                gamma: float = 0.999):
     """Play rule ``spec`` on ``env`` (a ClusterEnv) for ``steps`` routing points, whole
-    episodes: (observations stacked by key, action indices)."""
+    episodes: (observations stacked by key, action indices, discounted returns)."""
     import numpy as np
 
     from cbgym.agents.routing import make_router
@@ -124,37 +127,53 @@ def demonstrate(env, spec: str, steps: int, seed: int):  # type: ignore[no-untyp
 
     rows: dict[str, list] = {"request": [], "instances": []}
     acts: list[int] = []
+    returns: list[np.ndarray] = []
     episode = 0
     while len(acts) < steps:
         obs, _ = env.reset(seed=seed + episode)
         router = make_router(spec)
         router.reset(RouterContext(config=env.config, seed=seed + episode))
         done = False
+        rewards: list[float] = []
         while not done:
             a = route_index(env.routes, router.route(env._rp), env._rp)
             for k in rows:
                 rows[k].append(obs[k])
             acts.append(a)
-            obs, _, done, _, _ = env.step(a)
+            obs, r, done, _, _ = env.step(a)
+            rewards.append(float(r))
+        ret = np.zeros(len(rewards))
+        acc = 0.0
+        for i in range(len(rewards) - 1, -1, -1):  # the episode ends: nothing to bootstrap
+            acc = rewards[i] + gamma * acc
+            ret[i] = acc
+        returns.append(ret)
         episode += 1
-    return {k: np.stack(v) for k, v in rows.items()}, np.array(acts)
+    return ({k: np.stack(v) for k, v in rows.items()}, np.array(acts),
+            np.concatenate(returns).astype(np.float32))
 
 
-def clone(policy, obs, acts, epochs: int, seed: int,  # type: ignore[no-untyped-def]
-          batch: int = 256, lr: float = 1e-3) -> tuple[float, float]:
-    """Fit the policy's action distribution to the demonstrations (cross-entropy); the last
-    minibatch's loss and the agreement of the policy's most likely action on all of them."""
+def clone(policy, obs, acts, returns, epochs: int,  # type: ignore[no-untyped-def]
+          seed: int, batch: int = 256, lr: float = 1e-3) -> tuple[float, float]:
+    """Fit the policy's action distribution to the demonstrations (cross-entropy) and its
+    critic to their returns (squared error over the returns' variance, so the two terms weigh
+    alike at any reward scale); the last minibatch's loss and the agreement of the policy's
+    most likely action on all of them."""
     import torch as th
 
     o = {k: th.as_tensor(v) for k, v in obs.items()}
     a = th.as_tensor(acts)
+    ret = th.as_tensor(returns, dtype=th.float32)
+    scale = float(ret.var()) if len(ret) > 1 and float(ret.var()) > 0 else 1.0
     opt = th.optim.Adam(policy.parameters(), lr=lr)
     gen = th.Generator().manual_seed(seed)
     loss = th.zeros(())
     for _ in range(epochs):
         for idx in th.randperm(len(a), generator=gen).split(batch):
-            dist = policy.get_distribution({k: v[idx] for k, v in o.items()})
-            loss = -dist.log_prob(a[idx]).mean()
+            batch_obs = {k: v[idx] for k, v in o.items()}
+            dist = policy.get_distribution(batch_obs)
+            value = policy.predict_values(batch_obs).squeeze(-1)
+            loss = -dist.log_prob(a[idx]).mean() + ((value - ret[idx]) ** 2).mean() / scale
             opt.zero_grad()
             loss.backward()
             opt.step()

@@ -30,6 +30,13 @@ FOUR_CAPS = ("inflight-cap:300", "inflight-cap:400", "inflight-cap:450", "inflig
 PD_CAPS = ("inflight-cap:64:kairos", "inflight-cap:128:kairos", "inflight-cap:192:kairos",
            "inflight-cap:256:kairos")
 CODE_CAPS = ("inflight-cap:32", "inflight-cap:48", "inflight-cap:64", "inflight-cap:100")
+# the SLO-aware door (ttft-shed:F[:BASE]: a 429 once the estimated TTFT on the instance the
+# base picks passes F x the target), F swept on each task's validation windows: the best of
+# 0.01-5 and its neighbours
+CONV_SHEDS = ("ttft-shed:0.04", "ttft-shed:0.06", "ttft-shed:0.08", "ttft-shed:0.1")
+CODE_SHEDS = ("ttft-shed:0.5", "ttft-shed:0.7", "ttft-shed:1", "ttft-shed:1.5")
+PD_SHEDS = ("ttft-shed:0.3:kairos", "ttft-shed:0.5:kairos", "ttft-shed:1:kairos",
+            "ttft-shed:2:kairos")
 RULES = ("always-disaggregate", "never-disaggregate", "dynamo", "llm-d", "kairos",
          "kairos-transfer", *BALANCERS)
 
@@ -107,41 +114,47 @@ CLUSTER_TASKS = {t.name: t for t in (
     # leave abandoned requests running. Without shedding goodput collapses (round-robin:
     # 30 of 1,024 on validation windows); the agent's shed route answers 429. The
     # admission caps (inflight-cap:N, a 429 once the replicas hold N requests) were swept
-    # on validation windows: 150-200 is best (558-560)
+    # on validation windows: 150-200 is best (558-560). The SLO-aware door, added later,
+    # is far ahead: ttft-shed 0.01: 222, 0.03: 591, 0.04: 763, 0.05: 846, 0.06: 863,
+    # 0.08: 845, 0.1: 499, 0.5: 426, 1: 218
     ClusterTask("conv-2x-overload-retries", "azure-conv-2023", "2x:llama-3.1-8b/a100-80gb",
                 train_load=(1.5, 3.0), test_load=2.5, slo=SLO(2.0, 0.1),
                 episode_requests=1024,
                 references=("round-robin", "least-outstanding", "jsq-tokens",
-                            *OVERLOAD_CAPS),
+                            *OVERLOAD_CAPS, *CONV_SHEDS),
                 client=ClientModel(timeout_s=10.0, max_retries=3, on_abandon="leave")),
     # the same edge on four replicas: arrivals at 2.5x capacity spread over four queues
     # (round-robin keeps 293 of 1,024 on validation windows, random routes 269). Caps swept
     # on validation windows: 200: 488, 300: 561, 350: 586, 400: 614, 450: 639, 500: 584,
-    # 600: 494
+    # 600: 494; ttft-shed 0.03: 592, 0.04: 769, 0.05: 857, 0.06: 874, 0.08: 916, 0.1: 855,
+    # 0.2: 680, 0.5: 669
     ClusterTask("conv-4x-overload-retries", "azure-conv-2023", "4x:llama-3.1-8b/a100-80gb",
                 train_load=(1.5, 3.0), test_load=2.5, slo=SLO(2.0, 0.1),
                 episode_requests=1024,
-                references=("round-robin", "least-outstanding", "jsq-tokens", *FOUR_CAPS),
+                references=("round-robin", "least-outstanding", "jsq-tokens", *FOUR_CAPS,
+                            *CONV_SHEDS),
                 client=ClientModel(timeout_s=10.0, max_retries=3, on_abandon="leave")),
     # the edge on the deflection task's 2P2D cluster: code requests at 5.0x the cluster's
     # capacity (code-2p2d-deflection's SLO). Whether to deflect a prefill, with which chunk
     # cap, and whom to answer 429. On validation windows Kairos keeps 252 of 512, Dynamo's
     # rule 126, always-disaggregate 102, random routes 163; caps over Kairos: 64: 258,
-    # 128: 305, 192: 277, 256: 259
+    # 128: 305, 192: 277, 256: 259; ttft-shed over Kairos 0.05: 311, 0.1: 382, 0.2: 448,
+    # 0.3: 463, 0.5: 468, 1: 467, 2: 432 (over always-disaggregate, 1: 369)
     ClusterTask("code-2p2d-overload-retries", "azure-code-2023",
                 "2p2d:deepseek-v2-lite/a100-80gb", train_load=(4.0, 6.0), test_load=5.0,
                 slo=SLO(2.0, 0.1, tbt_s=0.2),
-                references=("always-disaggregate", "dynamo", "kairos", *PD_CAPS),
+                references=("always-disaggregate", "dynamo", "kairos", *PD_CAPS, *PD_SHEDS),
                 client=ClientModel(timeout_s=10.0, max_retries=3, on_abandon="leave")),
     # the same edge on the bursty code trace (inter-arrival CV 13; prompts about 2k tokens):
     # its bursts, not a steady excess, overload the two replicas, so no one cap suits every
     # window. Load 2.0, SLO 5 s / 200 ms (code-vllm-overload's), caps swept on validation
     # windows: 32: 225, 48: 238, 64: 225, 80: 213, 100: 185; random routes 109, round-robin
-    # 112 (at 100 ms TPOT every rule stays under 100 of 512)
+    # 112 (at 100 ms TPOT every rule stays under 100 of 512); ttft-shed 0.03: 322, 0.1: 381,
+    # 0.3: 395, 0.5: 401, 0.7: 405, 1: 412, 1.5: 388, 2: 351, 3: 179
     ClusterTask("code-2x-overload-retries", "azure-code-2023", "2x:llama-3.1-8b/a100-80gb",
                 train_load=(1.5, 2.5), test_load=2.0, slo=SLO(5.0, 0.2),
                 references=("round-robin", "least-outstanding", "jsq-tokens",
-                            *CODE_CAPS),
+                            *CODE_CAPS, *CODE_SHEDS),
                 client=ClientModel(timeout_s=10.0, max_retries=3, on_abandon="leave")),
     # prefix caching on four H100 replicas, Mooncake's conversation trace (its block ids):
     # where a request's prefix is cached matters beside the load. Load reports every 50 ms

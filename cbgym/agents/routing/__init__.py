@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import inspect
 
-from cbgym.agents.routing.admission import InFlightCap
+from cbgym.agents.routing.admission import InFlightCap, TTFTShed
 from cbgym.agents.routing.basic import (
     LeastOutstanding,
     PowerOfTwo,
@@ -26,7 +26,7 @@ ROUTERS: dict[str, type[Router]] = {
     cls.name: cls for cls in (
         RandomRouter, RoundRobin, LeastOutstanding, ShortestQueueTokens, ShortestQueueTime,
         PowerOfTwo, AlwaysDisaggregate, NeverDisaggregate, Dynamo, LlmD, Kairos, KairosTransfer,
-        LearnedRouter, InFlightCap, *PREFIX_ROUTERS)
+        LearnedRouter, InFlightCap, TTFTShed, *PREFIX_ROUTERS)
 }
 
 

@@ -8,13 +8,29 @@ The cap is Little's law's ``mu x W`` (:meth:`cbgym.cluster.edge.AdmissionConfig.
 when chosen from the capacity and a latency target; the cluster tasks tune N on their
 validation windows. The same cap in the kernel, reading live queues, is
 ``AdmissionConfig(max_in_flight=N)``; this router is what an agent can do at the door.
+
+``ttft-shed:F[:BASE]`` is the SLO-aware door (the cluster's ``slo-edf`` test): it routes with
+BASE (default ``jsq-time``) and sheds the arrival when the instance that would run its
+prefill cannot give it a first token within F x its TTFT target, by the load report's
+estimate: that instance's pending prompt tokens (waiting and running, and the prompts routed
+there since the report, each counted as this one) and this prompt, less what its prefix
+cache holds, priced as one chunked prefill on its own cost model (jsq-time's estimate,
+Kairos's TTFT_P). The estimate ignores the decodes sharing those iterations and, for a
+retried request, the time it already waited: F, tuned on validation windows as the caps are,
+absorbs the first.
 """
 
 from __future__ import annotations
 
+import numpy as np
+
+from cbgym.cluster.route_ops import prefill_seconds, prefill_work
 from cbgym.cluster.routing import Route, Router, RouterContext, RoutingPoint
+from cbgym.cluster.state import BUDGET, COST_KIND
+from cbgym.cluster.tables import loads_array, static_tables
 
 SHED_REASON = "admission_cap"
+UNREACHABLE = "ttft_unreachable"
 
 
 class InFlightCap(Router):
@@ -49,4 +65,47 @@ class InFlightCap(Router):
         return self.base.route(rp)
 
 
-__all__ = ["InFlightCap"]
+class TTFTShed(Router):
+    """A base router behind a TTFT-feasibility test (module docstring)."""
+
+    name = "ttft-shed"
+    reads_loads = True
+
+    def __init__(self, factor: str | float | None = None, base: str = "jsq-time") -> None:
+        from cbgym.agents.routing import make_router
+
+        try:
+            self.factor = float(factor)  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            self.factor = float("nan")
+        if not (self.factor > 0 and np.isfinite(self.factor)):
+            raise ValueError(f"router 'ttft-shed' needs a factor: 'ttft-shed:F[:BASE]' with F "
+                             f"a number > 0 (of the TTFT target), got {factor!r}")
+        if base.startswith((self.name, InFlightCap.name)):
+            raise ValueError(f"router 'ttft-shed': its base cannot shed itself, got {base!r}")
+        self.base = make_router(base)
+        self.label = f"{self.name}:{factor}:{base}"
+
+    def reset(self, ctx: RouterContext) -> None:
+        super().reset(ctx)
+        self.base.reset(ctx)
+        self.inst, self.coefs = static_tables(ctx.config)
+
+    def route(self, rp: RoutingPoint) -> Route:
+        route = self.base.route(rp)
+        if route.shed_reason is not None or rp.loads is None:
+            return route
+        i = route.prefill if route.prefill is not None else route.decode
+        assert i is not None
+        sent = 0 if rp.routed_since_report is None else int(rp.routed_since_report[i])
+        cached = 0 if rp.cached_tokens is None else int(rp.cached_tokens[i])
+        prompt = int(rp.prompt_tokens)
+        tokens = int(prefill_work(loads_array(rp.loads), i)) + (sent + 1) * prompt - cached
+        t = prefill_seconds(self.inst[COST_KIND, i], self.coefs[i], self.inst[BUDGET, i],
+                            np.int64(max(tokens, 1)))
+        if t > self.factor * float(rp.ttft_target_s):
+            return Route.shed(UNREACHABLE)
+        return route
+
+
+__all__ = ["InFlightCap", "TTFTShed"]

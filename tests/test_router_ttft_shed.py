@@ -1,0 +1,60 @@
+"""``ttft-shed:F[:BASE]``: the SLO-aware door. A 429 once the estimated TTFT on the instance
+the base router picks passes F x the target; otherwise the base's route, unchanged."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from cbgym import SLO, ClientModel, Trace
+from cbgym.agents.routing import make_router
+from cbgym.cluster.config import ClusterConfig
+from cbgym.cluster.route_ops import prefill_seconds
+from cbgym.cluster.run import serve
+from cbgym.cluster.state import BUDGET, COST_KIND
+from cbgym.cluster.tables import static_tables
+from cbgym.workload.synthetic import synthetic_trace
+
+
+def test_an_arrival_behind_a_long_prefill_is_shed_when_it_cannot_make_its_target() -> None:
+    """One replica, reports every 100 ms: the first 2,000-token prompt is alone (its estimate
+    is its own prefill); the second arrives 1 ms later, behind it as the router counts what
+    it sent since the report (twice the work), and is refused with a factor between the two;
+    the third, after the first has finished, is admitted."""
+    cfg = ClusterConfig.preset("1x:llama-3.1-8b/a100-80gb", load_report_interval_s=0.1)
+    inst, coefs = static_tables(cfg)
+    alone = prefill_seconds(inst[COST_KIND, 0], coefs[0], inst[BUDGET, 0], np.int64(2000))
+    assert 0 < alone < 1.0
+    factor = 1.5 * alone / 2.0  # of the 2 s target: more than one prompt, less than two
+    tr = Trace.from_arrays(np.array([0.0, 0.001, 30.0]), np.full(3, 2000), np.full(3, 20),
+                           name="three")
+    res = serve(tr, cfg, make_router(f"ttft-shed:{factor}"), slo=SLO(2.0, 0.1),
+                client=ClientModel(max_retries=0))
+    assert res.clients["outcome"].tolist() == ["good", "shed", "good"]
+    assert res.requests["reason"].iloc[1] == "ttft_unreachable"
+
+
+@pytest.mark.parametrize("base", ["jsq-time", "least-outstanding", "kairos"])
+def test_with_room_to_spare_it_is_its_base_router(base: str) -> None:
+    cluster = "2p2d:llama-2-7b/a100-80gb" if base == "kairos" else "2x:llama-2-7b/a100-80gb"
+    cfg = ClusterConfig.preset(cluster)
+    tr = synthetic_trace("conv", 200, rate=20.0, seed=3)
+    a = serve(tr, cfg, make_router(f"ttft-shed:1000:{base}"), slo=SLO(2.0, 0.1)).requests
+    b = serve(tr, cfg, make_router(base), slo=SLO(2.0, 0.1)).requests
+    assert a.equals(b)
+    # a factor no queue can meet: nothing that arrives behind pending work is admitted
+    c = serve(tr, cfg, make_router(f"ttft-shed:1e-9:{base}"), slo=SLO(2.0, 0.1),
+              client=ClientModel(max_retries=0)).requests
+    assert (c["reason"] == "ttft_unreachable").sum() > 100
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("ttft-shed", "needs a factor: 'ttft-shed:F"),
+    ("ttft-shed:0", "F a number > 0"),
+    ("ttft-shed:inf", "F a number > 0"),
+    ("ttft-shed:x", "got 'x'"),
+    ("ttft-shed:1:ttft-shed", "its base cannot shed itself"),
+])
+def test_bad_specs_say_what_is_expected(spec: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        make_router(spec)
