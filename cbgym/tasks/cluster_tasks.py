@@ -35,8 +35,8 @@ CODE_CAPS = ("inflight-cap:32", "inflight-cap:48", "inflight-cap:64", "inflight-
 # 0.01-5 and its neighbours
 CONV_SHEDS = ("ttft-shed:0.04", "ttft-shed:0.06", "ttft-shed:0.08", "ttft-shed:0.1")
 CODE_SHEDS = ("ttft-shed:0.5", "ttft-shed:0.7", "ttft-shed:1", "ttft-shed:1.5")
-PD_SHEDS = ("ttft-shed:0.3:kairos", "ttft-shed:0.5:kairos", "ttft-shed:1:kairos",
-            "ttft-shed:2:kairos")
+PD_SHEDS = ("ttft-shed:0.3:kairos", "ttft-shed:0.5:kairos", "ttft-shed:0.7:kairos",
+            "ttft-shed:1:kairos", "ttft-shed:2:kairos")
 RULES = ("always-disaggregate", "never-disaggregate", "dynamo", "llm-d", "kairos",
          "kairos-transfer", *BALANCERS)
 
@@ -139,7 +139,8 @@ CLUSTER_TASKS = {t.name: t for t in (
     # cap, and whom to answer 429. On validation windows Kairos keeps 252 of 512, Dynamo's
     # rule 126, always-disaggregate 102, random routes 163; caps over Kairos: 64: 258,
     # 128: 305, 192: 277, 256: 259; ttft-shed over Kairos 0.05: 311, 0.1: 382, 0.2: 448,
-    # 0.3: 463, 0.5: 468, 1: 467, 2: 432 (over always-disaggregate, 1: 369)
+    # 0.3: 463, 0.5: 468, 0.7: 472, 1: 467, 1.5: 445, 2: 432 (over always-disaggregate,
+    # 1: 369)
     ClusterTask("code-2p2d-overload-retries", "azure-code-2023",
                 "2p2d:deepseek-v2-lite/a100-80gb", train_load=(4.0, 6.0), test_load=5.0,
                 slo=SLO(2.0, 0.1, tbt_s=0.2),
