@@ -249,3 +249,29 @@ def test_every_cluster_task_ships_a_router_for_its_own_env() -> None:
         env = gym.make(t.env_id).unwrapped
         assert model.action_space == env.action_space, name
         assert model.observation_space == env.observation_space, name
+
+
+def test_prefix_features_without_caching_observe_what_was_routed_since_the_report() -> None:
+    """``prefix_features=True`` on a cluster without prefix caching: the three columns, the
+    cache's two zero, the third the routing point's in-flight count, as encoded."""
+    from cbgym.env.cluster_vector_ops import INSTANCE_FEATURES, count_scaled
+
+    env = ClusterEnv(**SMALL, load=2.0, prefix_features=True)
+    F = len(INSTANCE_FEATURES)
+    assert env.observation_space["instances"].shape == (4, F + 3)
+    obs, _ = env.reset(seed=2)
+    seen = 0
+    for _ in range(30):
+        rp = env._rp
+        assert rp is not None and rp.routed_since_report is not None
+        assert (obs["instances"][:, F:F + 2] == 0).all()
+        want = [count_scaled(x) for x in rp.routed_since_report]
+        np.testing.assert_allclose(obs["instances"][:, F + 2], want, rtol=1e-6)
+        seen += int(rp.routed_since_report.sum() > 0)
+        obs, _, done, _, _ = env.step(0)
+        if done:
+            break
+    assert seen > 0
+    assert ClusterEnv(**SMALL).observation_space["instances"].shape == (4, F)
+    with pytest.raises(ValueError, match="prefix_features=1"):
+        ClusterEnv(**SMALL, prefix_features=1)  # type: ignore[arg-type]

@@ -126,7 +126,8 @@ def test_gymnasium_vector_wrappers_apply() -> None:
 
 
 @pytest.mark.parametrize(("n", "kw", "seed"), [(1, DISAGG, 0), (3, DISAGG, 1), (3, UNIFIED, 2),
-                                               (1, UNIFIED, 3), (3, CACHED, 4)])
+                                               (1, UNIFIED, 3), (3, CACHED, 4),
+                                               (2, {**DISAGG, "prefix_features": True}, 5)])
 def test_env_i_is_cluster_env_seeded_s_plus_i(n: int, kw: dict, seed: int) -> None:
     native, sync = pair(n, kw)
     assert play(native, sync, seed, 150) >= n  # across autoresets

@@ -125,7 +125,10 @@ instance with chunked prefill); a masked or malformed action raises
     what the cache-aware routers read: the tokens of the request's prompt each instance's
     cache holds now (live, as ``RoutingPoint.cached_tokens``; zeros where the trace has no
     block ids), their share of the prompt, and the requests routed there since the load
-    report (``RoutingPoint.routed_since_report``). Scalings as the single env's:
+    report (``RoutingPoint.routed_since_report``). ``prefix_features=True`` keeps the three
+    columns without prefix caching (the cache's two are zero): the in-flight count the
+    routers that price queues keep between reports (jsq-time, ttft-shed). Scalings as the
+    single env's:
     *count* ``log2(1 + x) / 24``, *time* ``log2(1 + t / 1 ms) / 32``, *fraction* as is. All in
     [0, 1]. Content-blind: no prompt content, never a true output length.
 
@@ -172,7 +175,8 @@ instance with chunked prefill); a masked or malformed action raises
                  allow_shed: bool = True,
                  window_start_range: tuple[int, int] | None = None,
                  capacity_rps: float | None = None, admission: AdmissionConfig | None = None,
-                 client: ClientModel | None = None) -> None:
+                 client: ClientModel | None = None, prefix_features: bool | None = None
+                 ) -> None:
         from cbgym.simulate import resolve_policy, resolve_trace
 
         check_edge("ClusterEnv", admission, client)
@@ -216,7 +220,11 @@ instance with chunked prefill); a masked or malformed action raises
         N = self.config.num_instances
         # (the observation's shape follows the configuration, not the trace: a trace
         # without block ids runs uncached and observes zero cached tokens)
-        self.prefix = bool(self.config.engines[0].enable_prefix_caching)
+        if prefix_features is not None and not isinstance(prefix_features, bool):
+            raise ValueError(f"prefix_features={prefix_features!r}: expected True, False or "
+                             "None (None: the three columns with prefix caching only)")
+        self.prefix = (bool(self.config.engines[0].enable_prefix_caching)
+                       if prefix_features is None else prefix_features)
         F = len(INSTANCE_FEATURES) + self.prefix * len(PREFIX_FEATURES)
         self.action_space = spaces.Discrete(len(self.routes))
         self.observation_space = spaces.Dict({

@@ -63,6 +63,9 @@ class ClusterTask:
     # vLLM's automatic prefix caching on every instance (ClusterConfig.with_prefix_caching():
     # the trace's block ids; the env observes each instance's cache)
     prefix_caching: bool = False
+    # the env's three cache columns without caching too (ClusterEnv's prefix_features): the
+    # requests routed to each instance since the report, which the SLO-aware door counts
+    prefix_features: bool | None = None
 
     # the same splits and windows as the single-instance tasks
     ranges = Task.ranges
@@ -81,8 +84,8 @@ class ClusterTask:
 
     def env_kwargs(self, num_requests: int, split: str = "train") -> dict[str, Any]:
         """``ClusterEnv`` arguments for episodes drawn from ``split``."""
-        edge = {k: v for k, v in (("admission", self.admission), ("client", self.client))
-                if v is not None}
+        edge = {k: v for k, v in (("admission", self.admission), ("client", self.client),
+                                  ("prefix_features", self.prefix_features)) if v is not None}
         return {"cluster": self.cluster_config(), "trace": self.trace,
                 "episode_requests": self.episode_requests, "slo": self.slo,
                 "load": self.train_load if split == "train" else self.test_load,
@@ -122,7 +125,8 @@ CLUSTER_TASKS = {t.name: t for t in (
                 episode_requests=1024,
                 references=("round-robin", "least-outstanding", "jsq-tokens",
                             *OVERLOAD_CAPS, *CONV_SHEDS),
-                client=ClientModel(timeout_s=10.0, max_retries=3, on_abandon="leave")),
+                client=ClientModel(timeout_s=10.0, max_retries=3, on_abandon="leave"),
+                prefix_features=True),
     # the same edge on four replicas: arrivals at 2.5x capacity spread over four queues
     # (round-robin keeps 293 of 1,024 on validation windows, random routes 269). Caps swept
     # on validation windows: 200: 488, 300: 561, 350: 586, 400: 614, 450: 639, 500: 584,
@@ -133,7 +137,8 @@ CLUSTER_TASKS = {t.name: t for t in (
                 episode_requests=1024,
                 references=("round-robin", "least-outstanding", "jsq-tokens", *FOUR_CAPS,
                             *CONV_SHEDS),
-                client=ClientModel(timeout_s=10.0, max_retries=3, on_abandon="leave")),
+                client=ClientModel(timeout_s=10.0, max_retries=3, on_abandon="leave"),
+                prefix_features=True),
     # the edge on the deflection task's 2P2D cluster: code requests at 5.0x the cluster's
     # capacity (code-2p2d-deflection's SLO). Whether to deflect a prefill, with which chunk
     # cap, and whom to answer 429. On validation windows Kairos keeps 252 of 512, Dynamo's
@@ -145,7 +150,8 @@ CLUSTER_TASKS = {t.name: t for t in (
                 "2p2d:deepseek-v2-lite/a100-80gb", train_load=(4.0, 6.0), test_load=5.0,
                 slo=SLO(2.0, 0.1, tbt_s=0.2),
                 references=("always-disaggregate", "dynamo", "kairos", *PD_CAPS, *PD_SHEDS),
-                client=ClientModel(timeout_s=10.0, max_retries=3, on_abandon="leave")),
+                client=ClientModel(timeout_s=10.0, max_retries=3, on_abandon="leave"),
+                prefix_features=True),
     # the same edge on the bursty code trace (inter-arrival CV 13; prompts about 2k tokens):
     # its bursts, not a steady excess, overload the two replicas, so no one cap suits every
     # window. Load 2.0, SLO 5 s / 200 ms (code-vllm-overload's), caps swept on validation
@@ -156,7 +162,8 @@ CLUSTER_TASKS = {t.name: t for t in (
                 train_load=(1.5, 2.5), test_load=2.0, slo=SLO(5.0, 0.2),
                 references=("round-robin", "least-outstanding", "jsq-tokens",
                             *CODE_CAPS, *CODE_SHEDS),
-                client=ClientModel(timeout_s=10.0, max_retries=3, on_abandon="leave")),
+                client=ClientModel(timeout_s=10.0, max_retries=3, on_abandon="leave"),
+                prefix_features=True),
     # prefix caching on four H100 replicas, Mooncake's conversation trace (its block ids):
     # where a request's prefix is cached matters beside the load. Load reports every 50 ms
     # (llm-d's); test load 1.2 of the replicas' capacity under round-robin, chosen on
