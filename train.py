@@ -146,6 +146,9 @@ class Args:
     """value loss coefficient"""
     max_grad_norm: float = 0.5
     """gradient clipping norm"""
+    target_kl: float = 0.0
+    """stop a rollout's updates once the approximate KL to the rollout's policy passes this
+    (SB3's target_kl; 0: never): keeps fine-tuning near a clone or a prior"""
     log_std_init: float = -1.0
     """initial log standard deviation of the Gaussian scores (PPO only)"""
     cap_log_std_init: float = -2.5
@@ -242,7 +245,7 @@ def parse_args(argv: list[str] | None = None) -> Args:
                          "(optionally :CAP)")
     if ns.shed_rule not in ("late", "unreachable"):
         parser.error(f"--shed-rule {ns.shed_rule!r}: expected late or unreachable")
-    for name in ("env_threads", "torch_threads", "total_timesteps"):
+    for name in ("env_threads", "torch_threads", "total_timesteps", "target_kl"):
         if getattr(ns, name) < 0:
             parser.error(f"--{name.replace('_', '-')} must be >= 0")
     args = Args(**{k: tuple(v) if isinstance(v, list) else v for k, v in vars(ns).items()})
@@ -580,7 +583,8 @@ def build_model(args: Args, vec_env: Any, out: Path) -> Any:
                  batch_size=args.batch_size, n_epochs=args.n_epochs, gamma=args.gamma,
                  gae_lambda=args.gae_lambda, clip_range=args.clip_range,
                  ent_coef=args.ent_coef, vf_coef=args.vf_coef,
-                 max_grad_norm=args.max_grad_norm, policy_kwargs=policy_kwargs,
+                 max_grad_norm=args.max_grad_norm, target_kl=args.target_kl or None,
+                 policy_kwargs=policy_kwargs,
                  tensorboard_log=str(out / "tb"), seed=args.seed, device="cpu", verbose=0)
     if args.admission_cap and not is_masked(args):
         import torch

@@ -168,7 +168,8 @@ def test_cluster_task_ids_and_evaluation() -> None:
     assert np.isfinite(ev.score().mean)
 
 
-@pytest.mark.parametrize("kw", [SMALL, CACHED], ids=["disaggregated", "prefix-caching"])
+@pytest.mark.parametrize("kw", [SMALL, CACHED, {**SMALL, "prefix_features": True}],
+                         ids=["disaggregated", "prefix-caching", "prefix-features"])
 def test_a_learned_router_acts_as_on_the_env(kw: dict) -> None:
     """The router's deterministic routes through ``serve`` equal the env episode played with
     the model's deterministic actions (one encoder, one route table; with prefix caching
@@ -253,22 +254,32 @@ def test_every_cluster_task_ships_a_router_for_its_own_env() -> None:
 
 def test_prefix_features_without_caching_observe_what_was_routed_since_the_report() -> None:
     """``prefix_features=True`` on a cluster without prefix caching: the three columns, the
-    cache's two zero, the third the routing point's in-flight count, as encoded."""
+    cache's two zero, the third the routes this episode sent to each instance after the
+    load report it sees (counted here from the actions, both instances of a disaggregated
+    route), encoded as counts."""
     from cbgym.env.cluster_vector_ops import INSTANCE_FEATURES, count_scaled
 
     env = ClusterEnv(**SMALL, load=2.0, prefix_features=True)
     F = len(INSTANCE_FEATURES)
     assert env.observation_space["instances"].shape == (4, F + 3)
     obs, _ = env.reset(seed=2)
+    sent: list[tuple[float, list[int]]] = []  # (arrival, instances) of each route taken
     seen = 0
-    for _ in range(30):
+    for _ in range(40):
         rp = env._rp
-        assert rp is not None and rp.routed_since_report is not None
+        assert rp is not None and rp.loads is not None
         assert (obs["instances"][:, F:F + 2] == 0).all()
-        want = [count_scaled(x) for x in rp.routed_since_report]
-        np.testing.assert_allclose(obs["instances"][:, F + 2], want, rtol=1e-6)
-        seen += int(rp.routed_since_report.sum() > 0)
-        obs, _, done, _, _ = env.step(0)
+        want = np.zeros(4)
+        for t, where in sent:
+            if t >= rp.loads.report_s:
+                want[where] += 1
+        np.testing.assert_allclose(obs["instances"][:, F + 2],
+                                   [count_scaled(x) for x in want], rtol=1e-6)
+        seen += int(want.sum() > 0)
+        a = int(np.flatnonzero(env.action_masks())[0])
+        route = env.routes[a]
+        sent.append((rp.now, [i for i in (route.prefill, route.decode) if i is not None]))
+        obs, _, done, _, _ = env.step(a)
         if done:
             break
     assert seen > 0

@@ -163,7 +163,10 @@ instance with chunked prefill); a masked or malformed action raises
       (``cbgym.tasks.cluster_tasks``); ``ClusterEnv()`` itself defaults to the embedded
       synthetic code workload. A Python loop between kernel calls; ``gym.make_vec`` builds
       the native vector env (:class:`~cbgym.env.cluster_vector.ClusterVectorEnv`: one
-      compiled call steps every env, each bit for bit this env seeded s + i).
+      compiled call steps every env, each bit for bit this env seeded s + i). The four
+      overload tasks' ids (``cbgym/Cluster-*-overload-retries-v0``) observe 20 columns since
+      ``prefix_features`` came in (2026-12-04, before any release; their shipped routers
+      were retrained with it).
     """
 
     metadata = {"render_modes": []}
@@ -220,11 +223,11 @@ instance with chunked prefill); a masked or malformed action raises
         N = self.config.num_instances
         # (the observation's shape follows the configuration, not the trace: a trace
         # without block ids runs uncached and observes zero cached tokens)
-        if prefix_features is not None and not isinstance(prefix_features, bool):
+        if prefix_features is not None and not isinstance(prefix_features, bool | np.bool_):
             raise ValueError(f"prefix_features={prefix_features!r}: expected True, False or "
                              "None (None: the three columns with prefix caching only)")
         self.prefix = (bool(self.config.engines[0].enable_prefix_caching)
-                       if prefix_features is None else prefix_features)
+                       if prefix_features is None else bool(prefix_features))
         F = len(INSTANCE_FEATURES) + self.prefix * len(PREFIX_FEATURES)
         self.action_space = spaces.Discrete(len(self.routes))
         self.observation_space = spaces.Dict({

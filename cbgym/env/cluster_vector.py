@@ -27,8 +27,8 @@ time-series buffer), after which that env alone is resumed by another compiled c
 Spaces: ``ClusterEnv``'s, batched: actions ``MultiDiscrete([A] * N)`` (route indices; a
 masked or out-of-range one raises :class:`~cbgym.env.action.InvalidActionError` before
 anything steps), observations the Dict of ``request`` (N, 4) and ``instances`` (N, I, 17)
-float32 (N, I, 20 with prefix caching or ``prefix_features=True``: each instance's cache
-probed in the kernel);
+float32 (N, I, 20 with prefix caching, each instance's cache probed in the kernel, or with
+``prefix_features=True``);
 ``action_masks()`` (N, A). Infos are Gymnasium's dict of arrays with ``_key`` masks, as
 ``SyncVectorEnv`` of ``ClusterEnv`` builds them: ``num_good`` and
 ``action_mask`` for envs that stepped; ``window_start``, ``load`` and ``action_mask`` for
