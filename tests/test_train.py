@@ -297,3 +297,15 @@ def test_ship_checkpoint_makes_a_learned_name(smoke_run: Path, tmp_path: Path,
         ship.main(["bad name", str(smoke_run), "--description", "x"])
     with pytest.raises(SystemExit):
         ship.main(["other", str(tmp_path), "--description", "x"])
+
+
+def test_target_kl_reaches_ppo_and_is_checked(tmp_path: Path) -> None:
+    args = train.parse_args([*SMOKE, "--target-kl", "0.01", "--output-dir", str(tmp_path)])
+    trace = load_trace("synthetic-conv")
+    vec = make_vec_env(args.env_id, 1, env_kwargs=train.env_kwargs(
+        args, trace, PAPER, measure_capacity(trace, PAPER)))
+    assert train.build_model(args, vec, tmp_path).target_kl == 0.01
+    off = train.parse_args([*SMOKE, "--output-dir", str(tmp_path)])
+    assert train.build_model(off, vec, tmp_path).target_kl is None
+    with pytest.raises(SystemExit):
+        train.parse_args([*SMOKE, "--target-kl", "-1"])
