@@ -34,15 +34,34 @@ SHED_REASON = "admission_cap"
 UNREACHABLE = "ttft_unreachable"
 
 
-class InFlightCap(Router):
+DOORS = ("inflight-cap", "ttft-shed")
+
+
+class Door(Router):
+    """A base router behind an admission test: the base routes, the door may answer 429."""
+
+    reads_loads = True
+    base: Router
+
+    def _set_base(self, base: str) -> None:
+        from cbgym.agents.routing import make_router
+
+        if base.startswith(DOORS):
+            raise ValueError(f"router {self.name!r}: its base cannot be another door "
+                             f"({', '.join(DOORS)}), got {base!r}")
+        self.base = make_router(base)
+
+    def reset(self, ctx: RouterContext) -> None:
+        super().reset(ctx)
+        self.base.reset(ctx)
+
+
+class InFlightCap(Door):
     """A base router behind an in-flight cap (module docstring)."""
 
     name = "inflight-cap"
-    reads_loads = True
 
     def __init__(self, cap: str | int | None = None, base: str = "least-outstanding") -> None:
-        from cbgym.agents.routing import make_router
-
         try:
             self.cap = int(cap)  # type: ignore[arg-type]
         except (TypeError, ValueError):
@@ -50,14 +69,8 @@ class InFlightCap(Router):
         if self.cap < 1 or str(cap).strip() != str(self.cap):
             raise ValueError(f"router 'inflight-cap' needs a cap: 'inflight-cap:N[:BASE]' with "
                              f"N an int >= 1, got {cap!r}")
-        if base.startswith(self.name):
-            raise ValueError("router 'inflight-cap': its base cannot be another cap")
-        self.base = make_router(base)
+        self._set_base(base)
         self.label = f"{self.name}:{self.cap}:{base}"
-
-    def reset(self, ctx: RouterContext) -> None:
-        super().reset(ctx)
-        self.base.reset(ctx)
 
     def route(self, rp: RoutingPoint) -> Route:
         loads = rp.loads
@@ -66,15 +79,12 @@ class InFlightCap(Router):
         return self.base.route(rp)
 
 
-class TTFTShed(Router):
+class TTFTShed(Door):
     """A base router behind a TTFT-feasibility test (module docstring)."""
 
     name = "ttft-shed"
-    reads_loads = True
 
     def __init__(self, factor: str | float | None = None, base: str = "jsq-time") -> None:
-        from cbgym.agents.routing import make_router
-
         try:
             self.factor = float(factor)  # type: ignore[arg-type]
         except (TypeError, ValueError):
@@ -82,15 +92,11 @@ class TTFTShed(Router):
         if not (self.factor > 0 and np.isfinite(self.factor)):
             raise ValueError(f"router 'ttft-shed' needs a factor: 'ttft-shed:F[:BASE]' with F "
                              f"a number > 0 (of the TTFT target), got {factor!r}")
-        if base.startswith((self.name, InFlightCap.name)):
-            raise ValueError(f"router 'ttft-shed': its base cannot be another door "
-                             f"(ttft-shed, inflight-cap), got {base!r}")
-        self.base = make_router(base)
+        self._set_base(base)
         self.label = f"{self.name}:{self.factor:g}:{base}"
 
     def reset(self, ctx: RouterContext) -> None:
         super().reset(ctx)
-        self.base.reset(ctx)
         self.inst, self.coefs = static_tables(ctx.config)
 
     def route(self, rp: RoutingPoint) -> Route:
@@ -115,4 +121,4 @@ class TTFTShed(Router):
         return route
 
 
-__all__ = ["InFlightCap", "TTFTShed"]
+__all__ = ["DOORS", "Door", "InFlightCap", "TTFTShed"]
