@@ -121,6 +121,7 @@ def demonstrate(env, spec: str, steps: int, seed: int,  # type: ignore[no-untype
     episodes: (observations stacked by key, action indices, discounted returns)."""
     import numpy as np
 
+    from cbgym.agents.imitation import discounted_returns
     from cbgym.agents.routing import make_router
     from cbgym.cluster.routing import RouterContext
     from cbgym.env.cluster_env import route_index
@@ -142,15 +143,10 @@ def demonstrate(env, spec: str, steps: int, seed: int,  # type: ignore[no-untype
             acts.append(a)
             obs, r, done, _, _ = env.step(a)
             rewards.append(float(r))
-        ret = np.zeros(len(rewards))
-        acc = 0.0
-        for i in range(len(rewards) - 1, -1, -1):  # the episode ends: nothing to bootstrap
-            acc = rewards[i] + gamma * acc
-            ret[i] = acc
-        returns.append(ret)
+        returns.append(discounted_returns(rewards, gamma))
         episode += 1
     return ({k: np.stack(v) for k, v in rows.items()}, np.array(acts),
-            np.concatenate(returns).astype(np.float32))
+            np.concatenate(returns))
 
 
 def clone(policy, obs, acts, returns, epochs: int,  # type: ignore[no-untyped-def]

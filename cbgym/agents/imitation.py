@@ -111,6 +111,18 @@ def _keys(policy: Policy, dp: DecisionPoint) -> np.ndarray | None:
     return np.asarray(policy.keys(policy.view(dp)), np.float64)
 
 
+def discounted_returns(rewards: list[float], gamma: float) -> np.ndarray:
+    """Each step's discounted return to the episode's end (it ends: nothing to bootstrap),
+    float32: what the critic is fitted to from demonstrations (here and for the routers,
+    ``tools/train_router.py``)."""
+    ret = np.zeros(len(rewards), np.float32)
+    g = 0.0
+    for i in range(len(rewards) - 1, -1, -1):
+        g = rewards[i] + gamma * g
+        ret[i] = g
+    return ret
+
+
 def demonstrate(env: object, policy: Policy, steps: int, gamma: float,
                 seed: int = 0) -> Demonstrations:
     """Play ``policy`` on ``env`` (an unwrapped single env) for ``steps`` steps, whole
@@ -144,12 +156,7 @@ def demonstrate(env: object, policy: Policy, steps: int, gamma: float,
             rewards.append(float(r))
             good += info["num_good"]
             done = te or tr
-        ret = np.zeros(len(acts) - start, np.float32)
-        g = 0.0
-        for i in range(len(ret) - 1, -1, -1):
-            g = rewards[start + i] + gamma * g
-            ret[i] = g
-        returns.append(ret)
+        returns.append(discounted_returns(rewards[start:], gamma))
         goods.append(good)
         episode += 1
     return Demonstrations({k: np.stack(v) for k, v in obs_rows.items()}, np.stack(acts),

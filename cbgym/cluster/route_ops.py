@@ -181,6 +181,18 @@ def kairos_ok(inst: np.ndarray, loads: np.ndarray, d: int, prompt: int, cached: 
 
 
 @no_alloc_kernel
+def queue_seconds(inst: np.ndarray, coefs: np.ndarray, loads: np.ndarray, i: int,
+                  prompt: int, cached: int) -> float:
+    """jsq-time's estimate of this prompt's TTFT on instance i (``ttft-shed``'s too): its
+    pending prompt tokens and the prompts routed there since the report (``inst[ROUTED]``,
+    each counted as this one), then this prompt less the ``cached`` tokens its prefix cache
+    holds, priced as one sequence on its own cost model (Kairos's TTFT_P)."""
+    return prefill_seconds(inst[COST_KIND, i], coefs[i], inst[BUDGET, i],
+                           np.int64(prefill_work(loads, i)) + inst[ROUTED, i] * prompt
+                           + prompt - cached)
+
+
+@no_alloc_kernel
 def least_time(inst: np.ndarray, coefs: np.ndarray, loads: np.ndarray, role: int, prompt: int,
                cached: np.ndarray) -> int:
     """jsq-time's pick in the pool of ``role`` (-1: empty): the least estimated time to
@@ -202,9 +214,7 @@ def least_time(inst: np.ndarray, coefs: np.ndarray, loads: np.ndarray, role: int
             if best < 0 or held < h_best:
                 best, h_best = i, held
             continue
-        t = prefill_seconds(inst[COST_KIND, i], coefs[i], inst[BUDGET, i],
-                            np.int64(prefill_work(loads, i)) + sent * prompt + prompt
-                            - cached[i])
+        t = queue_seconds(inst, coefs, loads, i, prompt, cached[i])
         if best < 0 or t < t_best or (t == t_best and held < h_best):
             best, t_best, h_best = i, t, held
     return best

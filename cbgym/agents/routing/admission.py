@@ -25,9 +25,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from cbgym.cluster.route_ops import prefill_seconds, prefill_work
+from cbgym.cluster.route_ops import queue_seconds
 from cbgym.cluster.routing import Route, Router, RouterContext, RoutingPoint
-from cbgym.cluster.state import BUDGET, COST_KIND
+from cbgym.cluster.state import ROUTED
 from cbgym.cluster.tables import loads_array, static_tables
 
 SHED_REASON = "admission_cap"
@@ -110,12 +110,11 @@ class TTFTShed(Door):
         # all join its batch, which a deflected prefill's chunks share. A deliberate
         # overcount: on code-2p2d-overload-retries' validation windows it keeps 468 (F 0.5)
         # against 444 for the best F with deflections priced on the report alone (0.1).
-        sent = 0 if rp.routed_since_report is None else int(rp.routed_since_report[i])
+        # (the dynamic row jsq-time reads, in this router's own copy of the static table)
+        self.inst[ROUTED] = 0 if rp.routed_since_report is None else rp.routed_since_report
         cached = 0 if rp.cached_tokens is None else int(rp.cached_tokens[i])
-        prompt = int(rp.prompt_tokens)
-        tokens = int(prefill_work(loads_array(rp.loads), i)) + (sent + 1) * prompt - cached
-        t = prefill_seconds(self.inst[COST_KIND, i], self.coefs[i], self.inst[BUDGET, i],
-                            np.int64(max(tokens, 1)))
+        t = queue_seconds(self.inst, self.coefs, loads_array(rp.loads), i,
+                          np.int64(rp.prompt_tokens), np.int64(cached))
         if t > self.factor * float(rp.ttft_target_s):
             return Route.shed(UNREACHABLE)
         return route
