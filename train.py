@@ -720,7 +720,9 @@ def print_table(ev: dict[str, Any]) -> None:
             else:
                 print(f"  {p:24s} {s['goodput_mean']:8.1f} +- {s['goodput_std']:6.1f}  "
                       f"SLO attainment {s['slo_attainment_mean']:.3f}")
-    t = ev["training"]
+    t = ev.get("training")
+    if t is None or "timesteps" not in t:  # (tools/train_es.py reports generations itself)
+        return
     budget = " (stopped by the time budget)" if t["stopped_by_time_budget"] else ""
     print(f"trained {t['timesteps']} steps in {t['wall_seconds']:.0f} s{budget} "
           f"({t['env_steps_per_second']:.0f} env steps/s excluding evaluation)")

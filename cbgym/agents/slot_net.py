@@ -154,6 +154,13 @@ class SlotScorer(nn.Module):
 
     def forward_actor(self, features: th.Tensor) -> th.Tensor:
         """One score per waiting slot, then per running slot (then STOP); 0 for empty slots."""
+        scores = self.network_scores(features)
+        return scores if self.prior is None else scores + self.prior(features)
+
+    def network_scores(self, features: th.Tensor) -> th.Tensor:
+        """The network's part of :meth:`forward_actor`: the residual where there is a prior
+        (evolution strategies evaluate it for many parameter vectors at once and add the
+        prior, which has no parameters, once: :mod:`cbgym.agents.evolution`)."""
         s = self.slices
         glob = features[:, s["global"]].index_select(1, self.keep)
         tenants = features[:, s[TENANT_KEY]] if self.T else None
@@ -171,8 +178,7 @@ class SlotScorer(nn.Module):
                            features[:, s["running_mask"]], ctx, self.R, tenants, r_prefix)]
         if self.stop_head is not None:
             out.append(self.stop_head(ctx))
-        scores = th.cat(out, dim=1)
-        return scores if self.prior is None else scores + self.prior(features)
+        return th.cat(out, dim=1)
 
     def _score(self, head: nn.Sequential, slots: th.Tensor, mask: th.Tensor, ctx: th.Tensor,
                n: int, tenants: th.Tensor | None = None,

@@ -1,0 +1,191 @@
+"""Direct policy search (cbgym.agents.evolution, tools/train_es.py): a candidate's fitness is
+what the shipped policy would score. Its batched scores are the policy's deterministic
+actions, play() counts the goodput the fast path (learned:) gets on the same windows, and a
+tiny search run writes a loadable checkpoint."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("stable_baselines3")
+pytest.importorskip("cma")
+
+import cbgym  # noqa: E402
+from cbgym.agents.evolution import Population, draw_windows, play  # noqa: E402
+from cbgym.agents.learned import LearnedPolicy  # noqa: E402
+from cbgym.engine import EngineConfig, LinearCostModel  # noqa: E402
+from cbgym.env.vector import SchedulingVectorEnv  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+SLO = cbgym.SLO(0.5, 0.05)
+N_REQ = 80
+
+
+def _trace() -> cbgym.Trace:
+    rng = np.random.default_rng(4)
+    n = 400
+    return cbgym.Trace.from_arrays(np.cumsum(rng.exponential(0.02, n)),
+                                   rng.integers(20, 1500, n), rng.integers(2, 200, n))
+
+
+def _kwargs() -> dict:
+    cfg = EngineConfig(preset=None, cost_model=LinearCostModel(), num_kv_blocks=400)
+    return {"trace": _trace(), "engine": cfg, "episode_requests": N_REQ, "load": (1.2, 1.8),
+            "slo": SLO, "shed_rule": "unreachable", "shed_threshold": -0.51,
+            "admission_cap": True, "capacity_rps": 30.0}
+
+
+@pytest.fixture(scope="module")
+def model():
+    from stable_baselines3 import PPO
+
+    from cbgym.agents.learned import META_KEY
+    from cbgym.agents.slot_net import SlotPolicy
+    from cbgym.agents.slot_prior import prior_spec, spec_dict
+
+    kw = _kwargs()
+    env = cbgym.SchedulingEnv(**kw)
+    spec = prior_spec("cb-sjf-work-shed:6", env.config, SLO, env.hold_threshold, True)
+    m = PPO(SlotPolicy, env, n_steps=8, batch_size=8, device="cpu", seed=0,
+            policy_kwargs={"net_arch": [8], "prior": spec_dict(spec)})
+    setattr(m, META_KEY, {"algo": "ppo", "window_rule": "oldest", "hold_threshold": -0.5,
+                          "shed_threshold": -0.51, "shed_rule": "unreachable",
+                          "slo": {"ttft_s": SLO.ttft_s, "tpot_s": SLO.tpot_s}})
+    return m
+
+
+def _vectors(pop: Population, P: int, scale: float = 0.3) -> np.ndarray:
+    rng = np.random.default_rng(7)
+    return pop.get() + scale * rng.standard_normal((P, pop.dim))
+
+
+def test_batched_scores_are_each_vectors_deterministic_action(model) -> None:
+    pop = Population(model.policy)
+    x0 = pop.get()
+    X = _vectors(pop, 3)
+    venv = SchedulingVectorEnv(num_envs=6, **_kwargs())
+    obs, _ = venv.reset(seed=3)
+    for _ in range(20):  # observations from the middle of episodes
+        obs, *_ = venv.step(venv.action_space.sample() * 0.5)
+    batched = pop.scores(X, obs)
+    for p in range(3):
+        pop.set(X[p])
+        one = {k: v[2 * p: 2 * p + 2] for k, v in obs.items()}
+        action, _ = model.predict(one, deterministic=True)
+        np.testing.assert_allclose(batched[2 * p: 2 * p + 2], action, atol=1e-6)
+    pop.set(x0)
+    np.testing.assert_array_equal(pop.get(), x0)
+
+
+def test_set_writes_the_actor_and_leaves_the_critic(model) -> None:
+    pop = Population(model.policy)
+    x0 = pop.get()
+    critic = [p.detach().clone() for p in model.policy.mlp_extractor.critic.parameters()]
+    pop.set(x0 + 1.0)
+    try:
+        np.testing.assert_allclose(pop.get(), x0 + 1.0, rtol=1e-6)
+        for before, after in zip(critic, model.policy.mlp_extractor.critic.parameters(),
+                                 strict=True):
+            assert np.array_equal(before.numpy(), after.detach().numpy())
+        # the prior's zero residual: x0's output layers are zero
+        assert pop.dim == sum(p.numel() for n, p in model.policy.mlp_extractor.named_parameters()
+                              if not n.startswith("critic"))
+    finally:
+        pop.set(x0)
+    with pytest.raises(ValueError, match="parameters"):
+        pop.set(np.zeros(pop.dim + 1))
+    with pytest.raises(ValueError, match="finite"):
+        pop.scores(np.full((1, pop.dim), np.nan), {})
+
+
+def test_play_counts_what_the_learned_policy_scores_on_the_fast_path(model) -> None:
+    """Fitness is the shipped policy's goodput: each (vector, window) of play() equals
+    cbgym.simulate of learned: with that vector on that window, request for request."""
+    pop = Population(model.policy)
+    x0 = pop.get()
+    # (small steps from the prior: a vector that held every request with nothing running
+    # would idle the env until its step limit, where learned: admits one; play's docstring)
+    X = np.vstack([x0, _vectors(pop, 2, scale=0.15)])
+    kw = _kwargs()
+    starts, loads = np.array([10, 150]), np.array([1.3, 1.7])
+    venv = SchedulingVectorEnv(num_envs=6, **kw)
+    good = play(venv, pop, X, starts, loads)
+    assert good.shape == (3, 2)
+    trace = kw["trace"]
+    try:
+        for p in range(3):
+            pop.set(X[p])
+            for w in range(2):
+                res = cbgym.simulate(trace.window(int(starts[w]), N_REQ), LearnedPolicy(model),
+                                     engine=kw["engine"], load=float(loads[w]), slo=SLO,
+                                     capacity_rps=kw["capacity_rps"])
+                assert good[p, w] == round(res.summary()["slo_attainment"] * N_REQ), (p, w)
+    finally:
+        pop.set(x0)
+    # the zero residual plays the prior: the heuristic it was built from, on these windows
+    fast = [cbgym.simulate(trace.window(int(s), N_REQ), "cb-sjf-work-shed:6", engine=kw["engine"],
+                           load=float(ld), slo=SLO, capacity_rps=kw["capacity_rps"]).summary()
+            for s, ld in zip(starts, loads, strict=True)]
+    assert good[0].tolist() == [round(s["slo_attainment"] * N_REQ) for s in fast]
+    assert len(set(good.ravel().tolist())) > 1  # the vectors differ in what they serve
+
+
+def test_play_checks_its_env(model) -> None:
+    pop = Population(model.policy)
+    X = pop.get()[None]
+    with pytest.raises(ValueError, match="1 x 2"):
+        play(SchedulingVectorEnv(num_envs=3, **_kwargs()), pop, X, np.array([0, 1]),
+             np.array([1.0, 1.0]))
+    shaped = SchedulingVectorEnv(num_envs=1, shed_weight=0.5, **_kwargs())
+    with pytest.raises(ValueError, match="shaped"):
+        play(shaped, pop, X, np.array([0]), np.array([1.0]))
+
+
+def test_draw_windows_stay_in_their_range() -> None:
+    rng = np.random.default_rng(0)
+    starts, loads = draw_windows(rng, (100, 400), 80, (1.2, 1.8), 500)
+    assert starts.min() >= 100 and starts.max() <= 320
+    assert loads.min() >= 1.2 and loads.max() <= 1.8
+    _, fixed = draw_windows(rng, (0, 80), 80, 1.5, 3)
+    assert fixed.tolist() == [1.5] * 3
+    with pytest.raises(ValueError, match="cannot hold"):
+        draw_windows(rng, (0, 79), 80, 1.5, 1)
+
+
+def test_train_es_smoke_run_writes_a_loadable_policy(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    cmd = [sys.executable, str(ROOT / "tools" / "train_es.py"), "--trace", "synthetic-conv",
+           "--episode-requests", "64", "--eval-windows", "2", "--eval-loads", "1.2",
+           "--eval-baselines", "cb-sjf-work-shed", "--prior", "cb-sjf-work-shed",
+           "--generations", "2", "--popsize", "2", "--windows", "2", "--validate-every", "1",
+           "--no-progress-bar", "--output-dir", str(out)]
+    subprocess.run(cmd, check=True, cwd=ROOT, env=env, timeout=300)
+    for name in ("policy.zip", "config.json", "evaluation.json", "generations.csv"):
+        assert (out / name).is_file(), name
+    ev = json.loads((out / "evaluation.json").read_text())
+    learned = ev["summary"]["1.2"]["learned"]["goodput_mean"]
+    # the fast path (learned:) scores the chosen vector as the search's vector env did
+    assert learned == pytest.approx(ev["training"]["validation_vector_env"])
+    assert ev["training"]["generations_run"] == 2
+    res = cbgym.simulate(cbgym.load_trace("synthetic-conv").window(0, 64),
+                         f"learned:{out / 'policy.zip'}", engine="cbsjf-paper", load=1.2)
+    assert res.summary()["num_requests"] == 64
+
+
+def test_train_es_refuses_what_it_cannot_search() -> None:
+    sys.path.insert(0, str(ROOT / "tools"))
+    import train_es
+
+    for argv in (["--popsize", "3"], ["--generations", "0"], ["--sigma", "0"],
+                 ["--env-id", "cbgym/SchedulingMasked-v0"], ["--shed-weight", "1"],
+                 ["--ship"]):
+        with pytest.raises(SystemExit):
+            train_es.parse(argv)

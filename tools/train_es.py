@@ -1,0 +1,220 @@
+"""Train a slot policy by direct search on its deterministic goodput (CMA-ES), from a prior.
+
+    python tools/train_es.py --task conv-study-overload                 # runs/es/<task>
+    python tools/train_es.py --task code-vllm-bursty --generations 150 --ship
+
+Each generation draws ``--windows`` training windows (starts in the task's train range, loads
+over its train loads), samples ``--popsize`` parameter vectors of the policy's actor around
+the search's mean (mirrored pairs), plays every vector on every window deterministically on
+the native vector env (``cbgym.agents.evolution``) and moves the mean towards the vectors
+that served the most requests within SLO. The policy is the residual slot scorer
+(``--prior``, default the task's tuned ``cb-sjf-work-shed[:CAP]``): its output layers start
+at zero, so the search starts at the heuristic exactly. Every ``--validate-every``
+generations the mean plays the validation windows (the task's, at its test load); the best
+mean on them is the one saved, so test windows stay unseen. Outputs as ``train.py``'s
+(``policy.zip``, ``config.json``, ``evaluation.json`` from the fast path, TensorBoard logs in
+``tb/``) plus ``generations.csv``; ``--ship`` copies the run to ``learned:<task>``.
+
+Any other ``train.py`` flag (``--K``, ``--window-rule``, ``--seed``, ...) passes through;
+its PPO settings are unused. docs/benchmark.md gives the runs and what they found.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import dataclasses
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # train.py
+
+import train  # noqa: E402
+
+
+def parse(argv: list[str] | None) -> tuple[argparse.Namespace, train.Args]:
+    """ES settings, and train.py's Args from every other flag."""
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0], epilog="Other flags: "
+                                 "python train.py --help (the environment and policy ones "
+                                 "apply; the PPO ones are unused).")
+    ap.add_argument("--generations", type=int, default=100)
+    ap.add_argument("--popsize", type=int, default=16,
+                    help="candidates per generation (an even number: mirrored pairs)")
+    ap.add_argument("--windows", type=int, default=16, help="training windows per generation")
+    ap.add_argument("--sigma", type=float, default=0.03,
+                    help="initial step size of the search (parameter units)")
+    ap.add_argument("--validate-every", type=int, default=10)
+    ap.add_argument("--max-episode-steps", type=int, default=20_000,
+                    help="truncate a training episode after this many steps (a candidate "
+                         "that holds every request idles the engine; it keeps what it served)")
+    ap.add_argument("--time-budget-min", type=float, default=0.0,
+                    help="stop after this many minutes (0: no limit)")
+    ap.add_argument("--ship", action="store_true", help="ship the run as learned:<task>")
+    es, rest = ap.parse_known_args(argv)
+    if es.generations < 1 or es.windows < 1 or es.validate_every < 1:
+        ap.error("--generations, --windows and --validate-every must be >= 1")
+    if es.popsize < 2 or es.popsize % 2:
+        ap.error(f"--popsize must be an even number >= 2, got {es.popsize}")
+    if not es.sigma > 0 or es.max_episode_steps < 1 or es.time_budget_min < 0:
+        ap.error("--sigma must be > 0, --max-episode-steps >= 1, --time-budget-min >= 0")
+    if "--net-arch" not in rest:  # a small scorer: ES searches every actor parameter
+        rest += ["--net-arch", "16"]
+    args = train.parse_args(rest)
+    if "Masked" in args.env_id or args.policy != "slot" or args.imitate:
+        ap.error("the search is over the slot scorer's scores (cbgym/Scheduling-v0, "
+                 "--policy slot, no --imitate)")
+    if args.ttft_miss_weight or args.shed_weight or args.latency_weight:
+        ap.error("the search maximises goodput: leave the reward shaping weights at 0")
+    if not args.prior:
+        args = dataclasses.replace(args, prior=default_prior(args.task))
+    if es.ship and not args.task:
+        ap.error("--ship names the checkpoint after the task: give --task")
+    return es, args
+
+
+def default_prior(task: str) -> str:
+    """The task's tuned ``cb-sjf-work-shed:CAP`` if it has one, else ``cb-sjf-work-shed``."""
+    from cbgym.agents.slot_prior import PRIOR_POLICIES
+    from cbgym.tasks import get
+
+    for ref in get(task).references if task else ():
+        if ref.partition(":")[0] in PRIOR_POLICIES:
+            return ref
+    return PRIOR_POLICIES[0]
+
+
+def native_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The training env's arguments for the native vector env: a tenant task's fairness
+    counters are left out when the scores do not read them (only a critic would)."""
+    out = dict(kwargs)
+    if out.get("tenant_features"):
+        out.pop("tenant_features")
+        print("[train_es] tenant_features left out: the slot scores do not read them "
+              "(no critic here)", file=sys.stderr)
+    return out
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    started = time.perf_counter()
+    es, args = parse(argv)
+    import cma
+    import torch
+    from torch.utils.tensorboard import SummaryWriter
+    from tqdm import tqdm
+
+    from cbgym.agents.evolution import Population, draw_windows, play
+    from cbgym.capacity import measure_capacity
+    from cbgym.env.sb3 import make_sb3_vec_env
+    from cbgym.env.vector import SchedulingVectorEnv
+
+    torch.set_num_threads(1)  # the envs take the cores; the nets are small
+    out = Path(args.output_dir if args.output_dir != train.Args.output_dir
+               else f"runs/es/{args.task or 'default'}")
+    out.mkdir(parents=True, exist_ok=True)
+    args = dataclasses.replace(args, output_dir=str(out))
+
+    trace = train.load_base_trace(args.trace, args.task)
+    engine = train.engine_config(args)
+    mu = measure_capacity(trace, engine)
+    kwargs = native_kwargs(train.env_kwargs(args, trace, engine, mu))
+    P, W = es.popsize, es.windows
+    venv = SchedulingVectorEnv(num_envs=P * W, max_episode_steps=es.max_episode_steps, **kwargs)
+    starts_v = train.eval_starts(args, trace)
+    loads_v = np.repeat(np.asarray(args.eval_loads, float), len(starts_v))
+    starts_v = np.tile(np.asarray(starts_v), len(args.eval_loads))
+    vval = SchedulingVectorEnv(num_envs=len(starts_v),
+                               **{**kwargs, "window_start_range": None})
+    # (PPO's rollout settings are unused: one env, and a batch its buffer holds)
+    model = train.build_model(dataclasses.replace(args, batch_size=args.n_steps),
+                              make_sb3_vec_env(args.env_id, 1, seed=args.seed, **kwargs), out)
+    population = Population(model.policy)
+    x0 = population.get()
+
+    def validate(x: np.ndarray) -> np.ndarray:
+        return play(vval, population, x[None], starts_v, loads_v)[0]
+
+    prior_val = validate(x0)
+    opts = {"popsize": P, "CMA_diagonal": True, "CMA_mirrors": P // 2, "CMA_mirrormethod": 0,
+            "seed": args.seed + 1, "verbose": -9}
+    search = cma.CMAEvolutionStrategy(x0, es.sigma, opts)
+    rng = np.random.default_rng(args.seed)
+    writer = SummaryWriter(str(out / "tb"))
+    best = {"generation": 0, "validation": float(prior_val.mean()), "x": x0}
+    rows: list[dict[str, Any]] = []
+    print(f"[train_es] {args.task or args.trace}: {population.dim} parameters, prior "
+          f"{args.prior} on validation {prior_val.mean():.1f}", file=sys.stderr)
+    bar = tqdm(range(1, es.generations + 1), unit="gen", disable=not args.progress_bar)
+    for g in bar:
+        starts, loads = draw_windows(rng, kwargs["window_start_range"], args.episode_requests,
+                                     kwargs["load"], W)
+        X = np.asarray(search.ask())
+        good = play(venv, population, X, starts, loads).mean(axis=1)
+        search.tell(list(X), list(-good))
+        row = {"generation": g, "goodput_mean": good.mean(), "goodput_max": good.max(),
+               "goodput_min": good.min(), "sigma": search.sigma,
+               "seconds": time.perf_counter() - started, "validation": np.nan}
+        if g % es.validate_every == 0 or g == es.generations:
+            val = validate(search.mean)
+            row["validation"] = float(val.mean())
+            if val.mean() > best["validation"]:
+                best = {"generation": g, "validation": float(val.mean()),
+                        "x": np.array(search.mean)}
+            writer.add_scalar("es/validation_goodput", val.mean(), g)
+            bar.set_postfix(val=f"{val.mean():.1f}", best=f"{best['validation']:.1f}")
+            if not args.progress_bar:
+                print(f"[train_es] generation {g}: training {good.mean():.1f} (best candidate "
+                      f"{good.max():.1f}), validation {val.mean():.1f}, best "
+                      f"{best['validation']:.1f} (generation {best['generation']}), "
+                      f"{row['seconds']:.0f} s", file=sys.stderr, flush=True)
+        for k in ("goodput_mean", "goodput_max", "goodput_min", "sigma"):
+            writer.add_scalar(f"es/{k}", row[k], g)
+        rows.append(row)
+        expired = es.time_budget_min and time.perf_counter() - started > 60 * es.time_budget_min
+        if expired:
+            print(f"[train_es] time budget spent after {g} generations", file=sys.stderr)
+            break
+    bar.close()
+    writer.close()
+    with (out / "generations.csv").open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+
+    population.set(best["x"])
+    model.save(out / "model.zip")
+    train.export_policy(model, out / "policy.zip")
+    evaluation = train.HeldOutEval(args, trace, engine, mu)(model)  # the fast path: learned:
+    evaluation["training"] = {
+        "algorithm": "CMA-ES (diagonal, mirrored), cbgym.agents.evolution", **vars(es),
+        "generations_run": len(rows), "chosen_generation": best["generation"],
+        "validation_vector_env": best["validation"],
+        "validation_prior": float(prior_val.mean()),
+        "wall_seconds": time.perf_counter() - started}
+    config = {"args": dataclasses.asdict(args), "es": vars(es), "trace_name": trace.name,
+              "capacity_rps": mu, "meta": train.model_meta(args), "versions": train.versions(),
+              "command": sys.argv, "parameters": population.dim}
+    (out / "config.json").write_text(json.dumps(config, indent=1))
+    (out / "evaluation.json").write_text(json.dumps(evaluation, indent=1))
+    train.print_table(evaluation)
+    learned = evaluation["summary"][f"{args.eval_loads[0]:g}"]["learned"]["goodput_mean"]
+    print(f"{len(rows)} generations in {time.perf_counter() - started:.0f} s; chosen: "
+          f"generation {best['generation']}, validation {best['validation']:.1f} on the vector "
+          f"env ({learned:.1f} through learned:, the fast path), the prior "
+          f"{prior_val.mean():.1f}")
+    if es.ship:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from ship_checkpoint import main as ship
+
+        ship([args.task, str(out), "--description",
+              f"CMA-ES on {args.task}'s train windows: the residual slot scorer from the "
+              f"{args.prior} prior (tools/train_es.py)"])
+    return evaluation
+
+
+if __name__ == "__main__":
+    main()
