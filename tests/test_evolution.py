@@ -189,3 +189,101 @@ def test_train_es_refuses_what_it_cannot_search() -> None:
                  ["--ship"]):
         with pytest.raises(SystemExit):
             train_es.parse(argv)
+
+
+# ----------------------------------------------------------------------------- routers
+ROUTER_ENV = {"cluster": "2p2d:llama-2-7b/a100-80gb", "episode_requests": 40,
+              "capacity_rps": 20.0}
+
+
+@pytest.fixture(scope="module")
+def router():
+    sb3 = pytest.importorskip("sb3_contrib")
+    from cbgym.env.cluster_env import ClusterEnv
+
+    env = ClusterEnv(**ROUTER_ENV, load=0.8)
+    return sb3.MaskablePPO("MultiInputPolicy", env, n_steps=64, batch_size=32, seed=0,
+                           policy_kwargs={"net_arch": [16]})
+
+
+def test_a_routers_batched_route_is_its_most_likely_allowed_route(router) -> None:
+    from cbgym.env.cluster_vector import ClusterVectorEnv
+
+    pop = Population(router.policy)
+    assert pop.discrete and pop.names[-1].startswith("action_net")
+    X = _vectors(pop, 2, scale=0.5)
+    venv = ClusterVectorEnv(num_envs=4, **ROUTER_ENV, load=0.8)
+    obs, _ = venv.reset(seed=0)
+    masks = venv.action_masks()
+    routes = pop.actions(X, obs, masks)
+    x0 = pop.get()
+    try:
+        for p in range(2):
+            pop.set(X[p])
+            for e in (2 * p, 2 * p + 1):
+                a, _ = router.predict({k: v[e] for k, v in obs.items()}, deterministic=True,
+                                      action_masks=masks[e])
+                assert routes[e] == int(a)
+    finally:
+        pop.set(x0)
+
+
+def test_play_counts_what_the_deterministic_router_serves(router) -> None:
+    """A router's fitness on the native cluster vector env is what serve() gives the same
+    deterministic router on that window, and a router whose card says so routes
+    deterministically by default."""
+    from cbgym.agents.learned import META_KEY
+    from cbgym.agents.routing.learned import LearnedRouter
+    from cbgym.capacity import scale_to_load
+    from cbgym.cluster.run import serve
+    from cbgym.env.cluster_env import ClusterEnv
+    from cbgym.env.cluster_vector import ClusterVectorEnv
+
+    pop = Population(router.policy)
+    x0 = pop.get()
+    X = np.vstack([x0, _vectors(pop, 1, scale=0.5)])
+    starts, loads = np.array([0, 100]), np.array([0.8, 1.4])
+    venv = ClusterVectorEnv(num_envs=4, **ROUTER_ENV, load=0.8)
+    good = play(venv, pop, X, starts, loads)
+    env = ClusterEnv(**ROUTER_ENV, load=0.8)
+    try:
+        for p in range(2):
+            pop.set(X[p])
+            setattr(router, META_KEY, {"act": "deterministic"})
+            learned = LearnedRouter(router)
+            assert learned.deterministic
+            for w in range(2):
+                window = scale_to_load(env.trace.window(int(starts[w]), 40), float(loads[w]),
+                                       env.config.engines[0],
+                                       capacity_rps=ROUTER_ENV["capacity_rps"])
+                s = serve(window, env.config, learned, slo=env.slo).summary()
+                assert good[p, w] == round(s["slo_attainment"] * 40), (p, w)
+    finally:
+        pop.set(x0)
+        setattr(router, META_KEY, None)
+    assert not LearnedRouter(router).deterministic  # (no card: drawn, as PPO trains)
+
+
+def test_search_moves_towards_fitness_and_chooses_by_validation() -> None:
+    """On a smooth problem the mean approaches the optimum; the chosen vector is the best
+    validated mean, the start when nothing validated better."""
+    from cbgym.agents.evolution import search
+
+    target = np.arange(6, dtype=float) / 10
+
+    def fitness(X: np.ndarray, g: int) -> np.ndarray:
+        return -((X - target) ** 2).sum(axis=1)
+
+    rows: list[dict] = []
+    found = search(np.zeros(6), fitness, lambda x: float(fitness(x[None], 0)[0]),
+                   generations=60, popsize=8, sigma=0.3, seed=0, validate_every=5,
+                   on_generation=rows.append)
+    assert found.validation > found.start_validation == pytest.approx(-(target ** 2).sum())
+    assert np.abs(found.x - target).max() < 0.1
+    assert len(rows) == 60 and found.generation % 5 == 0
+    assert found.validation == max(r["validation"] for r in rows if np.isfinite(r["validation"]))
+    never = search(np.zeros(6), fitness, lambda x: -float(np.abs(x).sum()), generations=10,
+                   popsize=4, sigma=0.3, seed=0, validate_every=5)
+    assert never.generation == 0 and np.array_equal(never.x, np.zeros(6))
+    with pytest.raises(ValueError, match="even"):
+        search(np.zeros(2), fitness, lambda x: 0.0, generations=1, popsize=3, sigma=1.0, seed=0)

@@ -22,7 +22,6 @@ its PPO settings are unused. docs/benchmark.md gives the runs and what they foun
 from __future__ import annotations
 
 import argparse
-import csv
 import dataclasses
 import json
 import sys
@@ -49,6 +48,10 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, train.Args]:
     ap.add_argument("--sigma", type=float, default=0.03,
                     help="initial step size of the search (parameter units)")
     ap.add_argument("--validate-every", type=int, default=10)
+    ap.add_argument("--select-loads", type=float, nargs="+", default=None, metavar="RHO",
+                    help="the loads at which the validation windows choose among the "
+                         "search's means (default: the evaluation loads, a task's test load); "
+                         "more loads, more episodes of the same few validation requests")
     ap.add_argument("--max-episode-steps", type=int, default=20_000,
                     help="truncate a training episode after this many steps (a candidate "
                          "that holds every request idles the engine; it keeps what it served)")
@@ -60,6 +63,8 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, train.Args]:
         ap.error("--generations, --windows and --validate-every must be >= 1")
     if es.popsize < 2 or es.popsize % 2:
         ap.error(f"--popsize must be an even number >= 2, got {es.popsize}")
+    if es.select_loads is not None and not all(x > 0 for x in es.select_loads):
+        ap.error("--select-loads must be > 0")
     if not es.sigma > 0 or es.max_episode_steps < 1 or es.time_budget_min < 0:
         ap.error("--sigma must be > 0, --max-episode-steps >= 1, --time-budget-min >= 0")
     if "--net-arch" not in rest:  # a small scorer: ES searches every actor parameter
@@ -102,12 +107,9 @@ def native_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     started = time.perf_counter()
     es, args = parse(argv)
-    import cma
     import torch
-    from torch.utils.tensorboard import SummaryWriter
-    from tqdm import tqdm
 
-    from cbgym.agents.evolution import Population, draw_windows, play
+    from cbgym.agents.evolution import GenerationLog, Population, draw_windows, play, search
     from cbgym.capacity import measure_capacity
     from cbgym.env.sb3 import make_sb3_vec_env
     from cbgym.env.vector import SchedulingVectorEnv
@@ -125,75 +127,45 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     P, W = es.popsize, es.windows
     venv = SchedulingVectorEnv(num_envs=P * W, max_episode_steps=es.max_episode_steps, **kwargs)
     starts_v = train.eval_starts(args, trace)
-    loads_v = np.repeat(np.asarray(args.eval_loads, float), len(starts_v))
-    starts_v = np.tile(np.asarray(starts_v), len(args.eval_loads))
+    select = es.select_loads or args.eval_loads
+    loads_v = np.repeat(np.asarray(select, float), len(starts_v))
+    starts_v = np.tile(np.asarray(starts_v), len(select))
     vval = SchedulingVectorEnv(num_envs=len(starts_v),
                                **{**kwargs, "window_start_range": None})
     # (PPO's rollout settings are unused: one env, and a batch its buffer holds)
     model = train.build_model(dataclasses.replace(args, batch_size=args.n_steps),
                               make_sb3_vec_env(args.env_id, 1, seed=args.seed, **kwargs), out)
     population = Population(model.policy)
-    x0 = population.get()
-
-    def validate(x: np.ndarray) -> np.ndarray:
-        return play(vval, population, x[None], starts_v, loads_v)[0]
-
-    prior_val = validate(x0)
-    opts = {"popsize": P, "CMA_diagonal": True, "CMA_mirrors": P // 2, "CMA_mirrormethod": 0,
-            "seed": args.seed + 1, "verbose": -9}
-    search = cma.CMAEvolutionStrategy(x0, es.sigma, opts)
     rng = np.random.default_rng(args.seed)
-    writer = SummaryWriter(str(out / "tb"))
-    best = {"generation": 0, "validation": float(prior_val.mean()), "x": x0}
-    rows: list[dict[str, Any]] = []
-    print(f"[train_es] {args.task or args.trace}: {population.dim} parameters, prior "
-          f"{args.prior} on validation {prior_val.mean():.1f}", file=sys.stderr)
-    bar = tqdm(range(1, es.generations + 1), unit="gen", disable=not args.progress_bar)
-    for g in bar:
+
+    def fitness(X: np.ndarray, generation: int) -> np.ndarray:
         starts, loads = draw_windows(rng, kwargs["window_start_range"], args.episode_requests,
                                      kwargs["load"], W)
-        X = np.asarray(search.ask())
-        good = play(venv, population, X, starts, loads).mean(axis=1)
-        search.tell(list(X), list(-good))
-        row = {"generation": g, "goodput_mean": good.mean(), "goodput_max": good.max(),
-               "goodput_min": good.min(), "sigma": search.sigma,
-               "seconds": time.perf_counter() - started, "validation": np.nan}
-        if g % es.validate_every == 0 or g == es.generations:
-            val = validate(search.mean)
-            row["validation"] = float(val.mean())
-            if val.mean() > best["validation"]:
-                best = {"generation": g, "validation": float(val.mean()),
-                        "x": np.array(search.mean)}
-            writer.add_scalar("es/validation_goodput", val.mean(), g)
-            bar.set_postfix(val=f"{val.mean():.1f}", best=f"{best['validation']:.1f}")
-            if not args.progress_bar:
-                print(f"[train_es] generation {g}: training {good.mean():.1f} (best candidate "
-                      f"{good.max():.1f}), validation {val.mean():.1f}, best "
-                      f"{best['validation']:.1f} (generation {best['generation']}), "
-                      f"{row['seconds']:.0f} s", file=sys.stderr, flush=True)
-        for k in ("goodput_mean", "goodput_max", "goodput_min", "sigma"):
-            writer.add_scalar(f"es/{k}", row[k], g)
-        rows.append(row)
-        expired = es.time_budget_min and time.perf_counter() - started > 60 * es.time_budget_min
-        if expired:
-            print(f"[train_es] time budget spent after {g} generations", file=sys.stderr)
-            break
-    bar.close()
-    writer.close()
-    with (out / "generations.csv").open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
+        return play(venv, population, X, starts, loads).mean(axis=1)
 
-    population.set(best["x"])
+    def validate(x: np.ndarray) -> float:
+        return float(play(vval, population, x[None], starts_v, loads_v).mean())
+
+    print(f"[train_es] {args.task or args.trace}: {population.dim} parameters from the prior "
+          f"{args.prior}", file=sys.stderr)
+    log = GenerationLog(out, es.generations, args.progress_bar, "train_es")
+    try:
+        found = search(population.get(), fitness, validate, generations=es.generations,
+                       popsize=P, sigma=es.sigma, seed=args.seed,
+                       validate_every=es.validate_every,
+                       time_budget_s=60.0 * es.time_budget_min, on_generation=log)
+    finally:
+        log.close()
+
+    population.set(found.x)
     model.save(out / "model.zip")
     train.export_policy(model, out / "policy.zip")
     evaluation = train.HeldOutEval(args, trace, engine, mu)(model)  # the fast path: learned:
     evaluation["training"] = {
         "algorithm": "CMA-ES (diagonal, mirrored), cbgym.agents.evolution", **vars(es),
-        "generations_run": len(rows), "chosen_generation": best["generation"],
-        "validation_vector_env": best["validation"],
-        "validation_prior": float(prior_val.mean()),
+        "generations_run": len(found.rows), "chosen_generation": found.generation,
+        "validation_vector_env": found.validation,
+        "validation_prior": found.start_validation,
         "wall_seconds": time.perf_counter() - started}
     config = {"args": dataclasses.asdict(args), "es": vars(es), "trace_name": trace.name,
               "capacity_rps": mu, "meta": train.model_meta(args), "versions": train.versions(),
@@ -202,10 +174,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     (out / "evaluation.json").write_text(json.dumps(evaluation, indent=1))
     train.print_table(evaluation)
     learned = evaluation["summary"][f"{args.eval_loads[0]:g}"]["learned"]["goodput_mean"]
-    print(f"{len(rows)} generations in {time.perf_counter() - started:.0f} s; chosen: "
-          f"generation {best['generation']}, validation {best['validation']:.1f} on the vector "
-          f"env ({learned:.1f} through learned:, the fast path), the prior "
-          f"{prior_val.mean():.1f}")
+    print(f"{len(found.rows)} generations in {time.perf_counter() - started:.0f} s; chosen: "
+          f"generation {found.generation}, validation {found.validation:.1f} on the vector "
+          f"env at the select loads {list(select)} (at {args.eval_loads[0]:g} through learned:, "
+          f"the fast path: {learned:.1f}), the prior {found.start_validation:.1f}")
     if es.ship:
         sys.path.insert(0, str(Path(__file__).resolve().parent))
         from ship_checkpoint import main as ship

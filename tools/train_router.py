@@ -38,6 +38,13 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=3e-4)
     ap.add_argument("--ent-coef", type=float, default=0.01,
                     help="PPO's entropy bonus (0: none, so a clone is not pushed to uniform)")
+    ap.add_argument("--es-generations", type=int, default=0, metavar="N",
+                    help="after the clone (and PPO): N generations of CMA-ES on the "
+                         "deterministic router's goodput (cbgym.agents.evolution); the router "
+                         "then routes deterministically")
+    ap.add_argument("--es-popsize", type=int, default=16, help="candidates per generation")
+    ap.add_argument("--es-windows", type=int, default=8, help="training windows per generation")
+    ap.add_argument("--es-sigma", type=float, default=0.02, help="the search's initial step")
     ap.add_argument("--ship", action="store_true",
                     help="also copy the model to cbgym/agents/checkpoints/router-TASK.zip")
     args = ap.parse_args()
@@ -45,6 +52,14 @@ def main() -> None:
         ap.error("--steps and --epochs must be >= 0, --envs >= 1, --lr > 0")
     if not args.ent_coef >= 0:
         ap.error(f"--ent-coef must be >= 0, got {args.ent_coef}")
+    if args.es_generations < 0 or args.es_windows < 1 or not args.es_sigma > 0 \
+            or args.es_popsize < 2 or args.es_popsize % 2:
+        ap.error("--es-generations must be >= 0, --es-windows >= 1, --es-sigma > 0 and "
+                 "--es-popsize an even number >= 2")
+    task = CLUSTER_TASKS[args.task]
+    if args.es_generations and (task.admission is not None or task.client is not None):
+        ap.error(f"--es-generations: {args.task} has clients at its edge, which the native "
+                 "cluster vector env does not simulate (the search needs it)")
     if args.imitate:
         from cbgym.agents.routing import make_router
         from cbgym.cluster.routing import RouterContext
@@ -71,7 +86,6 @@ def main() -> None:
     from cbgym.tasks.cluster_tasks import evaluate_cluster
 
     torch.set_num_threads(1)
-    task = CLUSTER_TASKS[args.task]
     envs = DummyVecEnv([lambda: Monitor(gym.make(task.env_id).unwrapped)
                         for _ in range(args.envs)])
     model = MaskablePPO("MultiInputPolicy", envs, n_steps=1024, batch_size=256,
@@ -90,6 +104,9 @@ def main() -> None:
     if args.steps:
         model.learn(args.steps)  # (SB3's progress bar needs rich, not a dependency here)
     print(f"trained {args.steps} steps in {time.perf_counter() - t:.0f} s")
+    searched: dict[str, object] = {}
+    if args.es_generations:
+        searched = router_search(task, model, args, out)
     path = out / "router.zip"
     model.save(path)
     ev = evaluate_cluster(task, LearnedRouter(model), split="validation")
@@ -108,11 +125,67 @@ def main() -> None:
                 "command": "python tools/train_router.py " + " ".join(sys.argv[1:]),
                 "validation_goodput": {k: float(v.mean()) for k, v in ev.goodput.items()},
                 **({"clone": cloned} if cloned else {}),
+                **({"search": searched} if searched else {}),
                 "trained_on": f"training windows of {task.trace}, loads {task.train_load}",
-                "acts": "routes drawn from the policy's distribution, seeded by the run's "
+                "acts": "the most likely route (found by direct search); ':sample' draws "
+                        "from the policy's distribution" if searched else
+                        "routes drawn from the policy's distribution, seeded by the run's "
                         "seed; ':deterministic' takes the most likely"}
         target.with_suffix(".json").write_text(json.dumps(card, indent=2) + "\n")
         print(f"shipped {target} and its card")
+
+
+def router_search(task, model, args, out: Path) -> dict[str, object]:  # type: ignore[no-untyped-def]
+    """CMA-ES on the model's actor (``cbgym.agents.evolution.search``): each candidate routes
+    deterministically on ``--es-windows`` training windows (the task's train range and loads,
+    drawn anew each generation) on the native cluster vector env; every 10 generations the
+    search's mean routes the validation windows (at the test load), and the best mean is
+    written into the model, marked to route deterministically."""
+    import numpy as np
+
+    from cbgym.agents.evolution import GenerationLog, Population, draw_windows, play, search
+    from cbgym.agents.learned import META_KEY
+    from cbgym.cluster.run import cluster_capacity
+    from cbgym.cluster.sweep import reference_router
+    from cbgym.env.cluster_vector import ClusterVectorEnv
+    from cbgym.workload import load_trace
+
+    trace = load_trace(task.trace)
+    cfg = task.cluster_config()
+    kw = {**task.env_kwargs(len(trace), "train"), "trace": trace,
+          "capacity_rps": cluster_capacity(trace, cfg, reference_router(cfg))}
+    P, W = args.es_popsize, args.es_windows
+    venv = ClusterVectorEnv(num_envs=P * W, **kw)
+    starts_v = np.asarray(task.starts(len(trace), "validation"))
+    vval = ClusterVectorEnv(num_envs=len(starts_v), **{**kw, "window_start_range": None})
+    loads_v = np.full(len(starts_v), task.test_load)
+    population = Population(model.policy)
+    rng = np.random.default_rng(args.seed)
+
+    def fitness(X: np.ndarray, generation: int) -> np.ndarray:
+        starts, loads = draw_windows(rng, kw["window_start_range"], task.episode_requests,
+                                     kw["load"], W)
+        seeds = rng.integers(0, 2**31 - 1, W)
+        return play(venv, population, X, starts, loads, seeds).mean(axis=1)
+
+    def validate(x: np.ndarray) -> float:
+        return float(play(vval, population, x[None], starts_v, loads_v).mean())
+
+    log = GenerationLog(out, args.es_generations, False, "train_router")
+    try:
+        found = search(population.get(), fitness, validate, generations=args.es_generations,
+                       popsize=P, sigma=args.es_sigma, seed=args.seed, on_generation=log)
+    finally:
+        log.close()
+    population.set(found.x)
+    setattr(model, META_KEY, {"act": "deterministic"})
+    print(f"searched {len(found.rows)} generations: chosen generation {found.generation}, "
+          f"validation {found.validation:.1f} on the vector env (the start "
+          f"{found.start_validation:.1f})")
+    return {"generations": len(found.rows), "popsize": P, "windows": W,
+            "sigma": args.es_sigma, "chosen_generation": found.generation,
+            "validation_vector_env": round(found.validation, 2),
+            "validation_start": round(found.start_validation, 2)}
 
 
 def demonstrate(env, spec: str, steps: int, seed: int,  # type: ignore[no-untyped-def]

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from cbgym.agents.learned import CHECKPOINT_DIR as CHECKPOINTS  # beside the learned policies
+from cbgym.agents.learned import META_KEY
 from cbgym.cluster.routing import Route, Router, RouterContext, RoutingPoint
 from cbgym.env.cluster_vector_ops import INSTANCE_FEATURES
 
@@ -38,21 +39,23 @@ class LearnedRouter(Router):
 
     Args:
         model: a shipped task name, a zip path, or a loaded model.
-        deterministic: take the most likely route; by default the route is drawn from the
-            policy's distribution, as in training, with a generator seeded by the run's seed
-            (so a run reproduces): the shipped routers were measured that way.
+        deterministic: take the most likely route, or draw it from the policy's
+            distribution with a generator seeded by the run's seed (so a run reproduces).
+            None (the default): as the model says it was trained to act (``cbgym``
+            attribute saved in its zip, ``{"act": "deterministic"}`` for a router found by
+            direct search, ``tools/train_router.py --es-generations``), else drawn, as PPO
+            trains and as the cloned routers were measured.
     """
 
     name = "learned-router"
 
     def __init__(self, model: Any = "code-2p2d-deflection",
-                 deterministic: bool | str = False) -> None:
+                 deterministic: bool | str | None = None) -> None:
         if isinstance(deterministic, str):  # from a spec: learned-router:NAME:deterministic
             if deterministic not in ("deterministic", "sample"):
                 raise ValueError(f"router {self.name!r}: expected 'deterministic' or 'sample' "
                                  f"after the name, got {deterministic!r}")
             deterministic = deterministic == "deterministic"
-        self.deterministic = bool(deterministic)
         if isinstance(model, str | Path):
             try:
                 from sb3_contrib import MaskablePPO
@@ -65,6 +68,9 @@ class LearnedRouter(Router):
         else:
             self.label = f"{self.name}:in-memory"
         self.model = model
+        if deterministic is None:
+            deterministic = (getattr(model, META_KEY, None) or {}).get("act") == "deterministic"
+        self.deterministic = bool(deterministic)
         self.allow_shed = True
 
     def reset(self, ctx: RouterContext) -> None:
