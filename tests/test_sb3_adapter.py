@@ -69,9 +69,15 @@ def test_rejects_other_autoreset_modes() -> None:
 
 
 def test_terminal_observation_exactly_when_an_episode_ends() -> None:
-    """max_steps=5: every env truncates at step 5; the adapter agrees with the raw vector env."""
+    """max_steps=5: every env truncates at step 5; the adapter agrees with the raw vector env.
+
+    Both sides carry Gymnasium's vector ``RecordEpisodeStatistics``: the adapter passes its
+    per-env statistics through unchanged (before gymnasium 1.4 that wrapper assumes next-step
+    autoreset and counts a same-step episode after the first one step short, so the count
+    itself is checked with SB3's ``VecMonitor`` below).
+    """
     env = SB3VecEnv(RecordEpisodeStatistics(raw_vec(BOX, 2, max_steps=5)))
-    twin = raw_vec(BOX, 2, max_steps=5)
+    twin = RecordEpisodeStatistics(raw_vec(BOX, 2, max_steps=5))
     env.seed(3)
     obs = env.reset()
     twin_obs, _ = twin.reset(seed=3)
@@ -97,8 +103,27 @@ def test_terminal_observation_exactly_when_an_episode_ends() -> None:
             # the ended episode's final info (not the reset's) plus the episode statistics
             assert info["sim_time_s"] == twin_info["final_info"]["sim_time_s"][i]
             assert env.reset_infos[i]["sim_time_s"] == twin_info["sim_time_s"][i]
-            assert info["episode"]["l"] == 5
+            stats = twin_info["episode"]
+            assert info["episode"] == {k: stats[k][i] for k in ("r", "l")} | {
+                "t": info["episode"]["t"]}
     env.close()
+
+
+def test_vec_monitor_counts_same_step_episodes_exactly() -> None:
+    """SB3's VecMonitor over the adapter: every episode 5 steps, its return the rewards' sum."""
+    env = VecMonitor(make_sb3_vec_env(BOX, 2, seed=3, max_steps=5, **FAST))
+    env.reset()
+    rng = np.random.default_rng(0)
+    sums = np.zeros(2)
+    for t in range(1, 16):
+        _, rewards, dones, infos = env.step(random_actions(env, rng))
+        sums += rewards
+        for i, info in enumerate(infos):
+            assert dones[i] == (t % 5 == 0)
+            if dones[i]:
+                assert info["episode"]["l"] == 5
+                assert info["episode"]["r"] == pytest.approx(sums[i], abs=1e-5)
+                sums[i] = 0.0
 
 
 def test_natural_termination_is_not_a_time_limit() -> None:

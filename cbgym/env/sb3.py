@@ -15,8 +15,10 @@ Example:
     ...                                    episode_requests=64))
     >>> model = PPO("MultiInputPolicy", venv, n_steps=128, device="cpu").learn(1024)
 
-Wrap with SB3's ``VecMonitor`` (or the vector env with Gymnasium's vector
-``RecordEpisodeStatistics``) to get episode returns in SB3's logs.
+Wrap with SB3's ``VecMonitor`` to get episode returns in SB3's logs. Gymnasium's vector
+``RecordEpisodeStatistics`` on the vector env passes through too, but before gymnasium 1.4 it
+assumes next-step autoreset: every episode after an env's first is counted one step (and that
+step's reward) short.
 """
 
 from __future__ import annotations
