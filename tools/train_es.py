@@ -109,7 +109,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     es, args = parse(argv)
     import torch
 
-    from cbgym.agents.evolution import GenerationLog, Population, draw_windows, play, search
+    from cbgym.agents.evolution import (
+        GenerationLog,
+        Population,
+        Searched,
+        draw_windows,
+        play,
+        search,
+    )
     from cbgym.capacity import measure_capacity
     from cbgym.env.sb3 import make_sb3_vec_env
     from cbgym.env.vector import SchedulingVectorEnv
@@ -148,12 +155,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     print(f"[train_es] {args.task or args.trace}: {population.dim} parameters from the prior "
           f"{args.prior}", file=sys.stderr)
+    def checkpoint(best: Searched) -> None:  # a run cut short keeps its best validated mean
+        population.set(best.x)
+        train.export_policy(model, out / "policy.zip")
+        (out / "best.json").write_text(json.dumps(
+            {"generation": best.generation, "validation_vector_env": best.validation,
+             "validation_prior": best.start_validation}))
+
     log = GenerationLog(out, es.generations, args.progress_bar, "train_es")
     try:
         found = search(population.get(), fitness, validate, generations=es.generations,
                        popsize=P, sigma=es.sigma, seed=args.seed,
                        validate_every=es.validate_every,
-                       time_budget_s=60.0 * es.time_budget_min, on_generation=log)
+                       time_budget_s=60.0 * es.time_budget_min, on_generation=log,
+                       on_best=checkpoint)
     finally:
         log.close()
 

@@ -236,7 +236,8 @@ class Searched:
 def search(x0: np.ndarray, fitness: Callable[[np.ndarray, int], np.ndarray],
            validate: Callable[[np.ndarray], float], *, generations: int, popsize: int,
            sigma: float, seed: int, validate_every: int = 10, time_budget_s: float = 0.0,
-           on_generation: Callable[[dict[str, float]], None] | None = None) -> Searched:
+           on_generation: Callable[[dict[str, float]], None] | None = None,
+           on_best: Callable[[Searched], None] | None = None) -> Searched:
     """CMA-ES from ``x0``, maximising ``fitness(X, generation)`` (one value per row of X:
     mean goodput on that generation's training windows, the same windows for every row).
 
@@ -245,7 +246,8 @@ def search(x0: np.ndarray, fitness: Callable[[np.ndarray, int], np.ndarray],
     direction's, free of the windows' own spread). Every ``validate_every`` generations (and
     at the last) the search's mean is scored by ``validate``; the best mean is kept, so the
     validation windows choose and the training windows move. ``time_budget_s`` > 0 stops
-    after that many seconds; ``on_generation`` sees each row (for logs and progress)."""
+    after that many seconds; ``on_generation`` sees each row (for logs and progress) and
+    ``on_best`` each new best mean (to checkpoint it: a search cut short keeps its best)."""
     import time
 
     import cma
@@ -272,6 +274,8 @@ def search(x0: np.ndarray, fitness: Callable[[np.ndarray, int], np.ndarray],
             if row["validation"] > best.validation:
                 best.x, best.generation = np.array(es.mean), g
                 best.validation = row["validation"]
+                if on_best is not None:
+                    on_best(best)
         row["best_validation"] = best.validation
         best.rows.append(row)
         if on_generation is not None:
