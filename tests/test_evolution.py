@@ -168,7 +168,7 @@ def test_train_es_smoke_run_writes_a_loadable_policy(tmp_path: Path) -> None:
            "--generations", "2", "--popsize", "2", "--windows", "2", "--validate-every", "1",
            "--no-progress-bar", "--output-dir", str(out)]
     subprocess.run(cmd, check=True, cwd=ROOT, env=env, timeout=300)
-    for name in ("policy.zip", "config.json", "evaluation.json", "generations.csv"):
+    for name in ("policy.zip", "config.json", "evaluation.json", "generations.csv", "best.json"):
         assert (out / name).is_file(), name
     ev = json.loads((out / "evaluation.json").read_text())
     learned = ev["summary"]["1.2"]["learned"]["goodput_mean"]
@@ -186,7 +186,7 @@ def test_train_es_refuses_what_it_cannot_search() -> None:
 
     for argv in (["--popsize", "3"], ["--generations", "0"], ["--sigma", "0"],
                  ["--env-id", "cbgym/SchedulingMasked-v0"], ["--shed-weight", "1"],
-                 ["--ship"]):
+                 ["--ship"], ["--task", "prefix-conv-mooncake"]):  # no native prefix caching
         with pytest.raises(SystemExit):
             train_es.parse(argv)
 
@@ -282,8 +282,19 @@ def test_search_moves_towards_fitness_and_chooses_by_validation() -> None:
     assert np.abs(found.x - target).max() < 0.1
     assert len(rows) == 60 and found.generation % 5 == 0
     assert found.validation == max(r["validation"] for r in rows if np.isfinite(r["validation"]))
+    bests: list[tuple[int, float]] = []
+    again = search(np.zeros(6), fitness, lambda x: float(fitness(x[None], 0)[0]),
+                   generations=60, popsize=8, sigma=0.3, seed=0, validate_every=5,
+                   on_best=lambda b: bests.append((b.generation, b.validation)))
+    # on_best sees the start, then each new best as it is found, the last one chosen
+    assert bests[0] == (0, found.start_validation) and len(bests) > 1
+    assert bests[-1] == (found.generation, found.validation) == (again.generation,
+                                                                 again.validation)
+    assert all(a[1] < b[1] and a[0] < b[0] for a, b in zip(bests, bests[1:], strict=False))
     never = search(np.zeros(6), fitness, lambda x: -float(np.abs(x).sum()), generations=10,
-                   popsize=4, sigma=0.3, seed=0, validate_every=5)
+                   popsize=4, sigma=0.3, seed=0, validate_every=5,
+                   on_best=lambda b: bests.append((b.generation, b.validation)))
     assert never.generation == 0 and np.array_equal(never.x, np.zeros(6))
+    assert bests[-1] == (0, never.start_validation)
     with pytest.raises(ValueError, match="even"):
         search(np.zeros(2), fitness, lambda x: 0.0, generations=1, popsize=3, sigma=1.0, seed=0)

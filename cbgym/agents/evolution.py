@@ -247,7 +247,8 @@ def search(x0: np.ndarray, fitness: Callable[[np.ndarray, int], np.ndarray],
     at the last) the search's mean is scored by ``validate``; the best mean is kept, so the
     validation windows choose and the training windows move. ``time_budget_s`` > 0 stops
     after that many seconds; ``on_generation`` sees each row (for logs and progress) and
-    ``on_best`` each new best mean (to checkpoint it: a search cut short keeps its best)."""
+    ``on_best`` the start and each new best mean (to checkpoint it: a search cut short keeps
+    its best)."""
     import time
 
     import cma
@@ -260,6 +261,8 @@ def search(x0: np.ndarray, fitness: Callable[[np.ndarray, int], np.ndarray],
     es = cma.CMAEvolutionStrategy(np.asarray(x0, float), sigma, opts)
     start = float(validate(np.asarray(x0, float)))
     best = Searched(np.array(x0, float), 0, start, start, [])
+    if on_best is not None:
+        on_best(best)
     for g in range(1, generations + 1):
         X = np.asarray(es.ask())
         good = np.asarray(fitness(X, g), float)
