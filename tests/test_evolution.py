@@ -191,6 +191,23 @@ def test_train_es_refuses_what_it_cannot_search() -> None:
             train_es.parse(argv)
 
 
+def test_train_es_asks_the_vector_env_what_it_lacks(capsys: pytest.CaptureFixture[str]) -> None:
+    sys.path.insert(0, str(ROOT / "tools"))
+    import train_es
+
+    from cbgym.env.vector import native_lacks
+
+    assert native_lacks() is None
+    assert "prefix caching" in (native_lacks(prefix_features=True) or "")
+    with pytest.raises(SystemExit):
+        train_es.parse(["--task", "prefix-conv-mooncake"])
+    assert "no prefix caching" in capsys.readouterr().err
+    # a tenant task's fairness counters are left out of the search (native_kwargs), so the
+    # task itself is searchable: its shipped policy came from this search
+    _, args = train_es.parse(["--task", "tenants-noisy-neighbour"])
+    assert args.task == "tenants-noisy-neighbour"
+
+
 # ----------------------------------------------------------------------------- routers
 ROUTER_ENV = {"cluster": "2p2d:llama-2-7b/a100-80gb", "episode_requests": 40,
               "capacity_rps": 20.0}

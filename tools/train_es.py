@@ -76,12 +76,16 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, train.Args]:
     if args.ttft_miss_weight or args.shed_weight or args.latency_weight:
         ap.error("the search maximises goodput: leave the reward shaping weights at 0")
     if args.task:
+        from cbgym.env.vector import native_lacks
         from cbgym.tasks import get
 
         task = get(args.task)
-        if task.engine_args.get("enable_prefix_caching") or task.env.get("prefix_features"):
-            ap.error(f"--task {args.task}: the search plays the native vector env, which has "
-                     "no prefix caching yet")
+        # (tenant_features are not asked about: native_kwargs leaves them out)
+        reason = native_lacks(arrival_features=bool(task.env.get("arrival_features")),
+                              prefix_caching=bool(task.engine_args.get("enable_prefix_caching")),
+                              prefix_features=bool(task.env.get("prefix_features")))
+        if reason:
+            ap.error(f"--task {args.task}: the search plays the batched env, and {reason}")
     if not args.prior:
         args = dataclasses.replace(args, prior=default_prior(args.task))
     if es.ship and not args.task:

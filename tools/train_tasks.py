@@ -74,7 +74,7 @@ def main() -> None:
             print("python tools/train_es.py " + " ".join(argv), flush=True)
             train_es.main(argv)
             what = (f"CMA-ES on {task}'s train windows from the residual prior of "
-                    f"{imitated(task)}, chosen on its validation windows")
+                    f"{train_es.default_prior(task)}, chosen on its validation windows")
         else:
             argv = ["--task", task, "--imitate", imitated(task), *RECIPE, *out]
             print("python train.py " + " ".join(argv), flush=True)

@@ -113,22 +113,33 @@ def env_seeds(seed: int | list[int | None] | None, num_envs: int) -> list[int | 
     return [None if x is None else int(x) for x in seeds]
 
 
+def native_lacks(*, tenant_features: bool = False, arrival_features: bool = False,
+                 prefix_caching: bool = False, prefix_features: bool = False) -> str | None:
+    """Why the batched compiled step cannot serve env settings, or None if it can: the one
+    list of what it lacks (the task registry, :func:`native_only` and the direct search's
+    CLI all ask here)."""
+    if tenant_features:
+        return ("the native vector env has no tenant_features yet (its compiled step writes "
+                "the observation); gym.make_vec builds a SyncVectorEnv for such tasks")
+    if arrival_features:
+        return ("the native vector env has no arrival_features yet; "
+                "gym.make_vec(..., vectorization_mode='sync') steps single envs instead")
+    if prefix_caching or prefix_features:
+        # (its batched State carries one-column dummies for the named blocks and hash map)
+        return ("the native vector env has no prefix caching (enable_prefix_caching, "
+                "prefix_features) yet; gym.make_vec builds a SyncVectorEnv for such envs")
+    return None
+
+
 def native_only(proto: SchedulingEnv) -> None:
     """Refuse what the batched compiled step lacks (gym.make_vec builds a
     :class:`~cbgym.env.sync_vector.SyncTaskVectorEnv` for those instead)."""
-    if proto.tenant_features:
-        raise NotImplementedError(
-            "the native vector env has no tenant_features yet (its compiled step writes "
-            "the observation); gym.make_vec builds a SyncVectorEnv for such tasks")
-    if proto.arrival_features:
-        raise NotImplementedError(
-            "the native vector env has no arrival_features yet; "
-            "gym.make_vec(..., vectorization_mode='sync') steps single envs instead")
-    if proto.config.enable_prefix_caching or proto.prefix_features:
-        # (its batched State carries one-column dummies for the named blocks and hash map)
-        raise NotImplementedError(
-            "the native vector env has no prefix caching (enable_prefix_caching, "
-            "prefix_features) yet; gym.make_vec builds a SyncVectorEnv for such envs")
+    reason = native_lacks(tenant_features=bool(proto.tenant_features),
+                          arrival_features=bool(proto.arrival_features),
+                          prefix_caching=proto.config.enable_prefix_caching,
+                          prefix_features=bool(proto.prefix_features))
+    if reason:
+        raise NotImplementedError(reason)
 
 
 class SchedulingVectorEnv(VectorEnv):

@@ -222,12 +222,13 @@ def make_env(task: str = DEFAULT_TASK, masked: bool = False, **overrides: Any) -
 def make_vector_env(num_envs: int = 1, task: str = DEFAULT_TASK, masked: bool = False,
                     **overrides: Any) -> Any:
     """The task's native vector env (the vector entry point of its env ids)."""
-    from cbgym.env.vector import SchedulingMaskedVectorEnv, SchedulingVectorEnv
+    from cbgym.env.vector import SchedulingMaskedVectorEnv, SchedulingVectorEnv, native_lacks
 
     kwargs = _kwargs(task, masked, overrides)
-    engine = kwargs.get("engine")
-    if kwargs.get("tenant_features") or kwargs.get("prefix_features") or getattr(
-            engine, "enable_prefix_caching", False):  # (the native env's compiled step lacks)
+    if native_lacks(tenant_features=bool(kwargs.get("tenant_features")),
+                    arrival_features=bool(kwargs.get("arrival_features")),
+                    prefix_caching=getattr(kwargs.get("engine"), "enable_prefix_caching", False),
+                    prefix_features=bool(kwargs.get("prefix_features"))):
         from cbgym.env.sync_vector import SyncTaskVectorEnv
 
         vector = {k: kwargs.pop(k) for k in ("autoreset_mode",) if k in kwargs}
