@@ -306,9 +306,17 @@ def test_the_arrival_key_checks_clean_and_the_native_vector_env_refuses_it() -> 
     obs, _ = env.reset(seed=0)
     rows = obs["waiting_arrival"].reshape(-1, len(FEATURES))[obs["waiting_mask"] > 0.5]
     assert len(rows) and (rows[:, 0] >= 1).all()  # context tokens, raw
-    with pytest.raises(NotImplementedError, match="vectorization_mode='sync'"):
-        gym.make_vec("cbgym/Scheduling-v0", num_envs=2, trace="synthetic-conv",
-                     arrival_features=True)
+    from cbgym.env.vector import SchedulingVectorEnv
+
+    with pytest.raises(NotImplementedError, match="arrival_features"):
+        SchedulingVectorEnv(num_envs=2, trace="synthetic-conv", arrival_features=True)
+    # make_vec steps single envs instead, as for the other settings the native env lacks
+    venv = gym.make_vec("cbgym/Scheduling-v0", num_envs=2, trace="synthetic-conv",
+                        episode_requests=30, arrival_features=True)
+    vobs, _ = venv.reset(seed=0)
+    assert vobs["waiting_arrival"].shape == (2, *obs["waiting_arrival"].shape)
+    venv.step(venv.action_space.sample())
+    venv.close()
     with pytest.raises(ValueError, match="arrival_features"):
         gym.make("cbgym/Scheduling-v0", trace="synthetic-conv", arrival_features="yes")
 

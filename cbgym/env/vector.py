@@ -122,8 +122,8 @@ def native_lacks(*, tenant_features: bool = False, arrival_features: bool = Fals
         return ("the native vector env has no tenant_features yet (its compiled step writes "
                 "the observation); gym.make_vec builds a SyncVectorEnv for such tasks")
     if arrival_features:
-        return ("the native vector env has no arrival_features yet; "
-                "gym.make_vec(..., vectorization_mode='sync') steps single envs instead")
+        return ("the native vector env has no arrival_features yet; gym.make_vec builds "
+                "a SyncVectorEnv for such envs")
     if prefix_caching or prefix_features:
         # (its batched State carries one-column dummies for the named blocks and hash map)
         return ("the native vector env has no prefix caching (enable_prefix_caching, "
