@@ -40,8 +40,9 @@ EXTRA = {"tenants-noisy-neighbour": ["--window-rule", "smallest_prompt"]}
 # validation beat the PPO recipe's on each: docs/benchmark.md, "Direct policy search")
 ES = {"tenants-noisy-neighbour": ["--generations", "100"],
       "conv-study-overload": ["--generations", "150"],
-      "conv-vllm-kv-pressure": ["--generations", "100"],
-      "code-vllm-overload": ["--generations", "100"],
+      "conv-vllm-kv-pressure": ["--generations", "52", "--window-rule", "smallest_prompt"],
+      "code-vllm-overload": ["--generations", "150", "--windows", "32", "--select-loads",
+                             "1.1", "1.3", "1.5", "--window-rule", "smallest_prompt"],
       "code-vllm-bursty": ["--generations", "100", "--windows", "32",
                            "--select-loads", "0.6", "0.8", "1.0"]}
 
