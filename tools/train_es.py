@@ -81,11 +81,12 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, train.Args]:
 
         task = get(args.task)
         # (tenant_features are not asked about: native_kwargs leaves them out)
-        reason = native_lacks(arrival_features=bool(task.env.get("arrival_features")),
-                              prefix_caching=bool(task.engine_args.get("enable_prefix_caching")),
-                              prefix_features=bool(task.env.get("prefix_features")))
-        if reason:
-            ap.error(f"--task {args.task}: the search plays the batched env, and {reason}")
+        lack = native_lacks(arrival_features=bool(task.env.get("arrival_features")),
+                            prefix_caching=bool(task.engine_args.get("enable_prefix_caching")),
+                            prefix_features=bool(task.env.get("prefix_features")))
+        if lack:
+            ap.error(f"--task {args.task}: the search plays the native vector env, which has "
+                     f"{lack} yet")
     if not args.prior:
         args = dataclasses.replace(args, prior=default_prior(args.task))
     if es.ship and not args.task:

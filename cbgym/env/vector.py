@@ -115,31 +115,29 @@ def env_seeds(seed: int | list[int | None] | None, num_envs: int) -> list[int | 
 
 def native_lacks(*, tenant_features: bool = False, arrival_features: bool = False,
                  prefix_caching: bool = False, prefix_features: bool = False) -> str | None:
-    """Why the batched compiled step cannot serve env settings, or None if it can: the one
-    list of what it lacks (the task registry, :func:`native_only` and the direct search's
-    CLI all ask here)."""
-    if tenant_features:
-        return ("the native vector env has no tenant_features yet (its compiled step writes "
-                "the observation); gym.make_vec builds a SyncVectorEnv for such tasks")
+    """What the batched compiled step lacks to serve these env settings, or None: the one
+    list of it (the task registry, :func:`native_only` and the direct search's CLI all ask
+    here)."""
+    if tenant_features:  # (its compiled step writes the observation)
+        return "no tenant_features"
     if arrival_features:
-        return ("the native vector env has no arrival_features yet; gym.make_vec builds "
-                "a SyncVectorEnv for such envs")
+        return "no arrival_features"
     if prefix_caching or prefix_features:
         # (its batched State carries one-column dummies for the named blocks and hash map)
-        return ("the native vector env has no prefix caching (enable_prefix_caching, "
-                "prefix_features) yet; gym.make_vec builds a SyncVectorEnv for such envs")
+        return "no prefix caching (enable_prefix_caching, prefix_features)"
     return None
 
 
 def native_only(proto: SchedulingEnv) -> None:
     """Refuse what the batched compiled step lacks (gym.make_vec builds a
     :class:`~cbgym.env.sync_vector.SyncTaskVectorEnv` for those instead)."""
-    reason = native_lacks(tenant_features=bool(proto.tenant_features),
-                          arrival_features=bool(proto.arrival_features),
-                          prefix_caching=proto.config.enable_prefix_caching,
-                          prefix_features=bool(proto.prefix_features))
-    if reason:
-        raise NotImplementedError(reason)
+    lack = native_lacks(tenant_features=bool(proto.tenant_features),
+                        arrival_features=bool(proto.arrival_features),
+                        prefix_caching=proto.config.enable_prefix_caching,
+                        prefix_features=bool(proto.prefix_features))
+    if lack:
+        raise NotImplementedError(f"the native vector env has {lack} yet; gym.make_vec "
+                                  "builds a SyncVectorEnv for such envs")
 
 
 class SchedulingVectorEnv(VectorEnv):
