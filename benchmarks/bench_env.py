@@ -6,6 +6,10 @@
    envs) with random actions drawn ahead, for 1 and 2 threads, beside Gymnasium's
    CartPoleVectorEnv of the same N (goal: N = 16 on 2 threads at least 1.5x CartPole-v1's
    single-env rate in aggregate).
+3. Prefix caching (``--prefix-trace``, a trace with block ids; by default the embedded
+   ``synthetic-sessions``): the native vector env, whose engines name their blocks, beside
+   ``vectorization_mode="sync"`` (single envs stepped in turn, what make_vec built before the
+   cache was compiled in), the same N and random actions.
 
 Each row runs for ``--seconds`` of wall time (episodes restart as needed); "iter/s" counts
 engine iterations (one step may cover several when nothing can be decided in between).
@@ -15,6 +19,7 @@ Usage::
     python benchmarks/bench_env.py                 # default engine, synthetic-conv, load 0.9
     python benchmarks/bench_env.py --seconds 5 --load 1.2
     python benchmarks/bench_env.py --profile       # cProfile of the single-env random row
+    python benchmarks/bench_env.py --prefix-trace mooncake-conversation --num-envs 16
 """
 
 from __future__ import annotations
@@ -113,6 +118,43 @@ def bench_native(env_id: str, n: int, threads: int, seconds: float, seed: int,
     return {"steps_s": steps_s * n, "iters_s": iters_s}
 
 
+def bench_sync(env_id: str, n: int, seconds: float, seed: int, kwargs: dict[str, Any]) -> Row:
+    """Gymnasium's SyncVectorEnv of single envs, random Box actions drawn ahead."""
+    envs = gym.make_vec(env_id, num_envs=n, vectorization_mode="sync", **kwargs)
+    envs.reset(seed=seed)
+    pool = np.random.default_rng(seed).uniform(-1, 1, (64, *envs.action_space.shape))
+    state = {"k": 0}
+
+    def step() -> int:
+        k = state["k"] = (state["k"] + 1) % 64
+        _, _, _, _, info = envs.step(pool[k])
+        return int(info["engine_iterations"].sum())
+
+    steps_s, iters_s, _ = _timed(step, seconds)
+    return {"steps_s": steps_s * n, "iters_s": iters_s}
+
+
+def bench_prefix(trace: str, load: float, num_envs: list[int], seconds: float,
+                 episode_requests: int) -> None:
+    """Section 3: prefix caching, native against sync (module docstring)."""
+    engine = cbgym.EngineConfig(enable_prefix_caching=True)
+    kwargs = {"trace": trace, "load": load, "episode_requests": episode_requests,
+              "engine": engine, "shed_rule": "late", "admission_cap": False}
+    rows: list[tuple[str, str, str, Row]] = []
+    ratios = []
+    for n in num_envs:
+        sync = bench_sync("cbgym/Scheduling-v0", n, seconds, 0, kwargs)
+        for threads in (1, 2)[:n]:
+            native = bench_native("cbgym/Scheduling-v0", n, threads, seconds, 0, kwargs)
+            rows.append(("Scheduling-v0 native", "random", f"{n} x{threads} thr", native))
+            ratios.append(f"N={n} x{threads} thr: {native['steps_s'] / sync['steps_s']:.1f}x")
+        rows.append(("Scheduling-v0 sync", "random", f"{n}", sync))
+    print(f"\n3. prefix caching ({trace}, load {load}, {episode_requests}-request episodes): "
+          "the native vector env against single envs stepped in turn\n")
+    print_table(rows)
+    print("native / sync: " + ", ".join(ratios))
+
+
 def bench_cartpole_vector(n: int, seconds: float) -> Row:
     from gymnasium.envs.classic_control.cartpole import CartPoleVectorEnv
 
@@ -161,9 +203,19 @@ def main() -> None:
     parser.add_argument("--trace", default="synthetic-conv")
     parser.add_argument("--num-envs", type=int, nargs="+", default=[1, 4, 16, 64])
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--prefix-trace", default="synthetic-sessions",
+                        help="section 3's trace (block ids needed); 'none' skips it")
     args = parser.parse_args()
     if args.seconds <= 0 or args.episode_requests < 2 or min(args.num_envs) < 1:
         parser.error("--seconds must be > 0, --episode-requests >= 2, --num-envs >= 1")
+    if args.prefix_trace != "none":
+        try:
+            ids = "hash_ids" in cbgym.load_trace(args.prefix_trace).extra
+        except (ValueError, FileNotFoundError) as exc:
+            parser.error(f"--prefix-trace {args.prefix_trace!r}: {exc}")
+        if not ids:
+            parser.error(f"--prefix-trace {args.prefix_trace!r} has no block ids (extra "
+                         "'hash_ids'): nothing to cache")
     # the env's own defaults (the default engine, late shedding, no cap score), not the
     # default task's: the figures in docs/vector.md were measured so
     kwargs = {"trace": args.trace, "load": args.load, "episode_requests": args.episode_requests,
@@ -216,6 +268,9 @@ def main() -> None:
     if n16:
         print(f"\nScheduling-v0 N=16 on 2 threads / CartPole-v1 single: "
               f"{n16[0]['steps_s'] / ref:.2f}x (goal >= 1.5x)")
+    if args.prefix_trace != "none":
+        bench_prefix(args.prefix_trace, args.load, args.num_envs, args.seconds,
+                     args.episode_requests)
 
 
 if __name__ == "__main__":

@@ -214,21 +214,65 @@ def test_bad_configurations_are_clear_errors() -> None:
         env.reset(seed=0, options={"trace": blind})
 
 
-def test_vector_envs_refuse_prefix_caching_and_make_vec_falls_back() -> None:
+@pytest.mark.parametrize("masked", [False, True], ids=["box", "masked"])
+def test_the_native_vector_env_caches_prefixes_as_single_envs(masked: bool) -> None:
+    """With prefix caching (no prefix_features), env i of the compiled batch follows a single
+    env step for step across episodes: the same hits, evictions and preemptions, so the
+    same observations and rewards (its window's hashes are a slice of the whole trace's)."""
+    from cbgym.engine import layout as L
+    from cbgym.env import SchedulingMaskedEnv
+    from cbgym.env.vector import SchedulingMaskedVectorEnv, SchedulingVectorEnv
+
+    kw = {"trace": shared_trace(), "engine": config(), "episode_requests": 100, "K": 16,
+          "R": 8, "load": 2.5, "admission_cap": not masked, "shed_rule": "unreachable",
+          "slo": cbgym.SLO(2.0, 0.2)}
+    n = 3
+    venv = (SchedulingMaskedVectorEnv if masked else SchedulingVectorEnv)(num_envs=n, **kw)
+    envs = [(SchedulingMaskedEnv if masked else SchedulingEnv)(**kw) for _ in range(n)]
+    obs, _ = venv.reset(seed=3)
+    for i, env in enumerate(envs):
+        single, _ = env.reset(seed=3 + i)
+        assert all(np.array_equal(single[k], obs[k][i]) for k in single)
+    rng = np.random.default_rng(0)
+    ended, episodes, t = [False] * n, 0, 0
+    while episodes < n and t < 20_000:  # (a masked decision takes a pick per admission)
+        t += 1
+        if masked:
+            masks = venv.action_masks()
+            actions = np.array([rng.choice(np.flatnonzero(m)) for m in masks])
+        else:
+            actions = rng.uniform(-1, 1, (n, venv.single_action_space.shape[0]))
+        obs, reward, term, trunc, _ = venv.step(actions)
+        for i, env in enumerate(envs):
+            if ended[i]:  # next-step autoreset: the single env resets itself, unseeded
+                single, r, flags = env.reset()[0], 0.0, (False, False)
+            else:
+                single, r, te, tr, _ = env.step(actions[i])
+                flags = (te, tr)
+            ended[i] = any(flags)
+            assert all(np.array_equal(single[k], obs[k][i]) for k in single), (t, i)
+            assert (r, *flags) == (reward[i], term[i], trunc[i]), (t, i)
+        episodes += int((term | trunc).sum())
+    assert episodes >= n
+    hits = venv.S.si[:, L.PC_HITS] + venv.S.si[:, L.PC_PRE_HITS]
+    assert (hits > 0).all() and (venv.S.si[:, L.PC_EVICTED] > 0).any()
+
+
+def test_vector_envs_refuse_prefix_features_and_make_vec_falls_back() -> None:
     from cbgym.env.vector import SchedulingMaskedVectorEnv, SchedulingVectorEnv
 
     tr = shared_trace(60)
     for cls in (SchedulingVectorEnv, SchedulingMaskedVectorEnv):
-        with pytest.raises(NotImplementedError, match="prefix caching"):
-            cls(num_envs=2, trace=tr, engine=config(), episode_requests=20)
-        with pytest.raises(NotImplementedError, match="prefix caching"):
+        with pytest.raises(NotImplementedError, match="no prefix_features"):
             cls(num_envs=2, trace=tr, engine=config(), episode_requests=20,
                 prefix_features=True)
-    for masked, features in ((False, True), (True, False)):
+    for masked, features in ((False, True), (True, True), (True, False)):
         env_id = "cbgym/SchedulingMasked-v0" if masked else "cbgym/Scheduling-v0"
         venv = gym.make_vec(env_id, num_envs=2, trace=tr, engine=config(),
                             episode_requests=20, K=8, R=4, prefix_features=features)
-        assert isinstance(venv, SyncTaskVectorEnv)
+        # (the cache's observation is the single env's; the cache alone runs compiled)
+        assert isinstance(venv, SyncTaskVectorEnv) == features
+        assert isinstance(venv.unwrapped, SchedulingVectorEnv) != features
         obs, _ = venv.reset(seed=0)
         assert (KEY in obs) == features
         if features:

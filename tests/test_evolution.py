@@ -198,10 +198,19 @@ def test_train_es_asks_the_vector_env_what_it_lacks(capsys: pytest.CaptureFixtur
     from cbgym.env.vector import native_lacks
 
     assert native_lacks() is None
-    assert "prefix caching" in (native_lacks(prefix_features=True) or "")
+    assert "prefix_features" in (native_lacks(prefix_features=True) or "")
+    # prefix caching runs compiled, the cache's observation does not: scores that read it
+    # cannot be searched; scores that do not leave it out of the search's env
     with pytest.raises(SystemExit):
         train_es.parse(["--task", "prefix-conv-mooncake"])
-    assert "no prefix caching" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "no prefix_features" in err and "--no-prefix-inputs" in err
+    _, args = train_es.parse(["--task", "prefix-conv-mooncake", "--no-prefix-inputs"])
+    assert not args.prefix_inputs
+    kept = train_es.native_kwargs({"prefix_features": True, "K": 16}, prefix_inputs=False)
+    assert kept == {"K": 16}
+    assert train_es.native_kwargs({"prefix_features": True}, prefix_inputs=True) == {
+        "prefix_features": True}
     # a tenant task's fairness counters are left out of the search (native_kwargs), so the
     # task itself is searchable: its shipped policy came from this search
     _, args = train_es.parse(["--task", "tenants-noisy-neighbour"])

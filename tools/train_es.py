@@ -80,13 +80,16 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, train.Args]:
         from cbgym.tasks import get
 
         task = get(args.task)
-        # (tenant_features are not asked about: native_kwargs leaves them out)
+        # (tenant_features are not asked about, nor prefix_features the scores do not read:
+        # native_kwargs leaves them out)
         lack = native_lacks(arrival_features=bool(task.env.get("arrival_features")),
-                            prefix_caching=bool(task.engine_args.get("enable_prefix_caching")),
-                            prefix_features=bool(task.env.get("prefix_features")))
+                            prefix_features=bool(task.env.get("prefix_features"))
+                            and args.prefix_inputs)
         if lack:
+            hint = (" (--no-prefix-inputs: the scores read no prefix counts, and the search "
+                    "leaves prefix_features out)" if "prefix" in lack else "")
             ap.error(f"--task {args.task}: the search plays the native vector env, which has "
-                     f"{lack} yet")
+                     f"{lack} yet{hint}")
     if not args.prior:
         args = dataclasses.replace(args, prior=default_prior(args.task))
     if es.ship and not args.task:
@@ -105,14 +108,16 @@ def default_prior(task: str) -> str:
     return PRIOR_POLICIES[0]
 
 
-def native_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
+def native_kwargs(kwargs: dict[str, Any], prefix_inputs: bool = False) -> dict[str, Any]:
     """The training env's arguments for the native vector env: a tenant task's fairness
-    counters are left out when the scores do not read them (only a critic would)."""
+    counters, and a prefix task's cache counts unless the scores read them
+    (``prefix_inputs``), are left out (only a critic would read them)."""
     out = dict(kwargs)
-    if out.get("tenant_features"):
-        out.pop("tenant_features")
-        print("[train_es] tenant_features left out: the slot scores do not read them "
-              "(no critic here)", file=sys.stderr)
+    for key, read in (("tenant_features", False), ("prefix_features", prefix_inputs)):
+        if out.get(key) and not read:
+            out.pop(key)
+            print(f"[train_es] {key} left out: the slot scores do not read them (no critic "
+                  "here)", file=sys.stderr)
     return out
 
 
@@ -142,7 +147,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     trace = train.load_base_trace(args.trace, args.task)
     engine = train.engine_config(args)
     mu = measure_capacity(trace, engine)
-    kwargs = native_kwargs(train.env_kwargs(args, trace, engine, mu))
+    kwargs = native_kwargs(train.env_kwargs(args, trace, engine, mu), args.prefix_inputs)
     P, W = es.popsize, es.windows
     venv = SchedulingVectorEnv(num_envs=P * W, max_episode_steps=es.max_episode_steps, **kwargs)
     starts_v = train.eval_starts(args, trace)

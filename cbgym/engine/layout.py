@@ -240,8 +240,8 @@ def new_state(arrival_s: np.ndarray, prompt: np.ndarray, output: np.ndarray,
     if prefix_hashes is not None:
         if s.blocks.shape[1] < num_blocks + 1 or s.tables.shape[1] < len(prefix_hashes):
             raise ValueError("new_state: out= prefix-cache arrays do not fit this run")
-        pc.reset_pool(s, num_blocks, pc.table_offsets(prompt, output, block_size),
-                      np.asarray(prefix_hashes, np.int64))
+        pc.reset_pool(s, np.int64(num_blocks), pc.table_offsets(prompt, output, block_size),
+                      np.ascontiguousarray(prefix_hashes, np.int64))
     return s
 
 

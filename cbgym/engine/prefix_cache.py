@@ -57,7 +57,7 @@ from cbgym.engine.layout import (
 EMPTY = np.int64(-1)
 
 
-# ------------------------------------------------------------------ setup (Python)
+# ------------------------------------------------------------------ setup
 def table_offsets(prompt: np.ndarray, output: np.ndarray, block_size: int) -> np.ndarray:
     """Where each request's block table starts in ``State.tables`` (n + 1 entries): room for
     the blocks of its prompt and whole output."""
@@ -84,26 +84,37 @@ def no_pool() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
             np.zeros((2, 1), np.int64))
 
 
+@no_alloc_kernel
 def reset_pool(s: State, num_blocks: int, offsets: np.ndarray, hashes: np.ndarray) -> None:
     """Start a run's named blocks: all free, queued in id order (vLLM's initial free queue),
-    nothing cached; request tables empty, their hashes ``hashes``. The sentinel is the last
-    column (a cluster's instances share array shapes: a smaller one leaves columns unused)."""
+    nothing cached; request tables empty, their hashes ``hashes``, request j's table at
+    ``offsets[j] - offsets[0]`` (``offsets``: n + 1 entries, :func:`table_offsets`, or a
+    window's slice of a whole trace's, as the native vector env starts its episodes). The
+    sentinel is the last column (a cluster's instances share array shapes: a smaller one
+    leaves columns unused)."""
     b, nb = s.blocks, num_blocks
     sentinel = b.shape[1] - 1
-    b[B_REF, :] = 0
-    b[B_HASHED, :] = 0
-    b[B_HASH, :] = 0
-    b[B_SAME, :] = EMPTY
-    b[B_NEXT, : nb - 1] = np.arange(1, nb)
+    for k in range(b.shape[1]):
+        b[B_REF, k] = 0
+        b[B_HASHED, k] = 0
+        b[B_HASH, k] = 0
+        b[B_SAME, k] = EMPTY
+    for k in range(nb - 1):
+        b[B_NEXT, k] = k + 1
+        b[B_PREV, k + 1] = k
     b[B_NEXT, nb - 1] = sentinel
     b[B_NEXT, sentinel] = 0
-    b[B_PREV, 1:nb] = np.arange(0, nb - 1)
     b[B_PREV, 0] = sentinel
     b[B_PREV, sentinel] = nb - 1
-    s.cache[1, :] = EMPTY
-    s.tables[0, :] = EMPTY
-    s.tables[1, : len(hashes)] = hashes
-    s.req[TABLE, :] = offsets[:-1]
+    for k in range(s.cache.shape[1]):
+        s.cache[1, k] = EMPTY
+    for k in range(s.tables.shape[1]):
+        s.tables[0, k] = EMPTY
+    for k in range(len(hashes)):
+        s.tables[1, k] = hashes[k]
+    table = s.req[TABLE]
+    for j in range(len(offsets) - 1):
+        table[j] = offsets[j] - offsets[0]
 
 
 # ------------------------------------------------------------------ the free queue

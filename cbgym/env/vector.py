@@ -23,8 +23,10 @@ arrays with ``_key`` masks: ``reward_components`` (goodput, ttft_miss, shed, lat
 ``sim_time_elapsed``, ``waiting_time_in_system_s`` (N, K) and ``truncated_reason`` where an
 env hit the idle-hold limit. The time series of episodes is not kept.
 
-Not compiled in: ``tenant_features`` and prefix caching (``EngineConfig(
-enable_prefix_caching=True)``, ``prefix_features``) are refused here; ``gym.make_vec`` builds a
+Prefix caching (``EngineConfig(enable_prefix_caching=True)`` on a trace with block ids) runs
+compiled: each env's engine names its blocks, its episode's hashes a slice of the whole
+trace's. Not compiled in: the observations ``tenant_features``, ``arrival_features`` and
+``prefix_features`` (:func:`native_lacks`) are refused here; ``gym.make_vec`` builds a
 :class:`~cbgym.env.sync_vector.SyncTaskVectorEnv` of single envs for them.
 """
 
@@ -45,8 +47,10 @@ from gymnasium.vector.utils import batch_space
 from cbgym.engine import gaps
 from cbgym.engine import layout as L
 from cbgym.engine import prefix_cache as pc
+from cbgym.engine.config import EngineConfig
 from cbgym.engine.engine import compile_params, host_swap_tokens
 from cbgym.engine.jit import bind
+from cbgym.engine.trace_setup import trace_block_hashes
 from cbgym.env import kernel_ops as ko
 from cbgym.env import micro_ops as mo
 from cbgym.env import vector_ops as vo
@@ -58,6 +62,7 @@ from cbgym.env.scheduling_env import (
 )
 from cbgym.env.vector_windows import WindowDraws
 from cbgym.metrics import slo_arrays
+from cbgym.workload.trace import Trace
 
 __all__ = ["SchedulingMaskedVectorEnv", "SchedulingVectorEnv", "env_seeds", "use_threads"]
 
@@ -114,17 +119,16 @@ def env_seeds(seed: int | list[int | None] | None, num_envs: int) -> list[int | 
 
 
 def native_lacks(*, tenant_features: bool = False, arrival_features: bool = False,
-                 prefix_caching: bool = False, prefix_features: bool = False) -> str | None:
+                 prefix_features: bool = False) -> str | None:
     """What the batched compiled step lacks to serve these env settings, or None: the one
     list of it (the task registry, :func:`native_only` and the direct search's CLI all ask
-    here)."""
-    if tenant_features:  # (its compiled step writes the observation)
+    here). Each is an observation the single env writes in Python."""
+    if tenant_features:
         return "no tenant_features"
     if arrival_features:
         return "no arrival_features"
-    if prefix_caching or prefix_features:
-        # (its batched State carries one-column dummies for the named blocks and hash map)
-        return "no prefix caching (enable_prefix_caching, prefix_features)"
+    if prefix_features:
+        return "no prefix_features"
     return None
 
 
@@ -133,7 +137,6 @@ def native_only(proto: SchedulingEnv) -> None:
     :class:`~cbgym.env.sync_vector.SyncTaskVectorEnv` for those instead)."""
     lack = native_lacks(tenant_features=bool(proto.tenant_features),
                         arrival_features=bool(proto.arrival_features),
-                        prefix_caching=proto.config.enable_prefix_caching,
                         prefix_features=bool(proto.prefix_features))
     if lack:
         raise NotImplementedError(f"the native vector env has {lack} yet; gym.make_vec "
@@ -211,14 +214,19 @@ class SchedulingVectorEnv(VectorEnv):
         base_trace = proto.base_trace
         self.n = n = min(proto.episode_requests, len(base_trace))
         consult = "every_iteration" if proto.skip_trivial else "always"
-        self.params = compile_params(cfg, consult, False, False)
+        # as the Engine: named blocks without decode stretches
+        prefix = cfg.enable_prefix_caching and "hash_ids" in base_trace.extra
+        self.params = compile_params(cfg, consult, False, False, not prefix)
+        self.params.ci[L.PREFIX] = prefix
         self.host_free = np.int64(host_swap_tokens(cfg))
         ttft, tpot = slo_arrays(proto.slo, base_trace.slo_class)
         mu = proto._capacity_of(base_trace) if proto.load is not None else np.nan
         self.base = vo.frozen_base(vo.Base(
             base_trace.arrival_s, base_trace.prompt_tokens, base_trace.output_tokens, ttft, tpot,
             slot_template(base_trace.prompt_tokens, base_trace.tenant, base_trace.slo_class),
-            np.array([mu])))
+            np.array([mu]), *self._hashes(base_trace, cfg, prefix)))
+        pool = (pc.empty_pool(cfg.num_kv_blocks, int(np.max(
+            self.base.hash_off[n:] - self.base.hash_off[:-n]))) if prefix else pc.no_pool())
         self.S = L.State(
             np.zeros((N, L.NUM_REQ_ROWS, n), np.int64), np.zeros((N, L.NUM_TIME_ROWS, n)),
             np.zeros((N, L.NUM_ID_ROWS, n), np.int64),
@@ -226,7 +234,7 @@ class SchedulingVectorEnv(VectorEnv):
             np.zeros((N, REC_ROWS, len(L.REC_COLUMNS))), np.zeros((N, 1, 3), np.int64),
             np.zeros((N, 1, 2), np.int64), np.zeros((N, cfg.block_size), np.int64),
             np.zeros((N, gaps.window_slots(base_trace.output_tokens, n))),
-            *(np.zeros((N, *a.shape), np.int64) for a in pc.no_pool()))
+            *(np.zeros((N, *a.shape), np.int64) for a in pool))
         settings = ko.env_settings(proto.K, proto.R, proto.window_rule == "smallest_prompt",
                                    proto.hold_threshold, proto.shed_threshold,
                                    cfg.max_num_batched_tokens, cfg.max_num_seqs,
@@ -246,6 +254,15 @@ class SchedulingVectorEnv(VectorEnv):
         self.weights = np.array([proto.weights.ttft_miss, proto.weights.shed,
                                  proto.weights.latency], np.float64)
         self.max_steps = np.int64(-1 if proto.max_steps is None else proto.max_steps)
+
+    @staticmethod
+    def _hashes(trace: Trace, cfg: EngineConfig, prefix: bool) -> tuple[np.ndarray, np.ndarray]:
+        """Base.hashes and Base.hash_off: the whole trace's block hashes, each episode's
+        window a slice (equal where the window's own would be equal: the same hits)."""
+        if not prefix:
+            return np.zeros(1, np.int64), np.zeros(1, np.int64)
+        return (trace_block_hashes(trace, cfg),
+                pc.table_offsets(trace.prompt_tokens, trace.output_tokens, cfg.block_size))
 
     def _new_out(self) -> vo.Out:
         N, K = self.num_envs, self.proto.K

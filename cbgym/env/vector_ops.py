@@ -26,6 +26,7 @@ import numba
 import numpy as np
 
 from cbgym.engine import layout as L
+from cbgym.engine import prefix_cache as pc
 from cbgym.engine.jit import frozen, kernel, parallel_kernel
 from cbgym.engine.layout import Params, State, fill_state
 from cbgym.engine.loop import advance
@@ -56,11 +57,19 @@ class Base(NamedTuple):
     tpot: np.ndarray
     template: np.ndarray  # (n, F) static slot features (observation.slot_template)
     mu: np.ndarray  # (1,) the capacity load is relative to (requests/s)
+    # with prefix caching: every request's block hashes (prefix_hashes.block_hashes of the
+    # whole trace) and where each request's start, n + 1 entries (prefix_cache.table_offsets);
+    # without, one zero each
+    hashes: np.ndarray
+    hash_off: np.ndarray
+
+
+_INT_COLUMNS = ("prompt", "output", "hashes", "hash_off")
 
 
 def frozen_base(b: Base) -> Base:
     """``b`` with every column read-only (one type for the kernels, see ``jit.frozen``)."""
-    return Base(*(frozen(a, np.int64 if k in ("prompt", "output") else np.float64)
+    return Base(*(frozen(a, np.int64 if k in _INT_COLUMNS else np.float64)
                   for k, a in zip(Base._fields, b, strict=True)))
 
 
@@ -193,6 +202,10 @@ def start_episode(s: State, p: Params, e: EnvState, v: np.ndarray, base: Base, s
     arrival = scratch[:n]
     fill_state(s, arrival, base.prompt[start:start + n], base.output[start:start + n],
                p.ci[L.NUM_BLOCKS], host_free, False)  # (no p99 gaps: SchedulingEnv's)
+    if p.ci[L.PREFIX]:  # the window's slice of the whole trace's hashes and tables
+        off = base.hash_off
+        pc.reset_pool(s, p.ci[L.NUM_BLOCKS], off[start:start + n + 1],
+                      base.hashes[off[start]:off[start + n]])
     ko.fill_env_state(e, arrival, base.ttft[start:start + n], base.tpot[start:start + n],
                       base.template[start:start + n])
     code = settle(s, p, advance(s, p))

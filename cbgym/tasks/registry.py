@@ -227,7 +227,6 @@ def make_vector_env(num_envs: int = 1, task: str = DEFAULT_TASK, masked: bool = 
     kwargs = _kwargs(task, masked, overrides)
     if native_lacks(tenant_features=bool(kwargs.get("tenant_features")),
                     arrival_features=bool(kwargs.get("arrival_features")),
-                    prefix_caching=getattr(kwargs.get("engine"), "enable_prefix_caching", False),
                     prefix_features=bool(kwargs.get("prefix_features"))):
         from cbgym.env.sync_vector import SyncTaskVectorEnv
 
