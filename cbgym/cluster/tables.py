@@ -15,6 +15,7 @@ from cbgym.cluster.routing import LOAD_FIELDS, ROLE_CODES, Loads, Router
 from cbgym.engine import gaps
 from cbgym.engine import layout as L
 from cbgym.engine import prefix_cache as pc
+from cbgym.engine.trace_setup import caches_prefixes
 
 if TYPE_CHECKING:
     from cbgym.cluster.cluster import Cluster
@@ -118,7 +119,7 @@ def batched_state(trace: Trace, config: ClusterConfig) -> L.State:
     rows = max(max(L.LOG_ROWS, 4 * e.max_num_seqs) for e in engines)
     S = K.batched_states(config.num_instances, len(trace), block, rows,
                          gaps.slots(trace.output_tokens))
-    if not (engines[0].enable_prefix_caching and "hash_ids" in trace.extra):
+    if not caches_prefixes(trace, engines[0]):
         return S
     if len({e.block_size for e in engines}) > 1:
         raise ValueError("ClusterConfig: prefix caching needs one block size on every "

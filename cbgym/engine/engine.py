@@ -27,7 +27,12 @@ from cbgym.engine.loop import advance, decide
 from cbgym.engine.pricing import cost_params
 from cbgym.engine.recorder import Recorder
 from cbgym.engine.requests import RequestTable
-from cbgym.engine.trace_setup import has_sessions, start_sessions, trace_block_hashes
+from cbgym.engine.trace_setup import (
+    caches_prefixes,
+    has_sessions,
+    start_sessions,
+    trace_block_hashes,
+)
 from cbgym.workload.trace import Trace
 
 _GIB = 1 << 30
@@ -123,7 +128,7 @@ class Engine:
         self.consult = consult
         if victim_by_key and keys is None:
             raise ValueError("Engine victim_by_key=True needs keys= (the static keys it reads)")
-        self.prefix_caching = config.enable_prefix_caching and "hash_ids" in trace.extra
+        self.prefix_caching = caches_prefixes(trace, config)
         # (no decode stretches with named blocks: the named stretch's code, compiled into
         # every run's loop, slowed runs without caching by about 4%; runs with caching
         # iterate one step at a time, 11-28% slower on Mooncake)

@@ -10,7 +10,14 @@ from cbgym.engine.config import EngineConfig
 from cbgym.engine.prefix_hashes import block_hashes
 from cbgym.workload.trace import Trace
 
-__all__ = ["SESSION_KEYS", "has_sessions", "start_sessions", "trace_block_hashes"]
+__all__ = ["SESSION_KEYS", "caches_prefixes", "has_sessions", "start_sessions",
+           "trace_block_hashes"]
+
+
+def caches_prefixes(trace: Trace, config: EngineConfig) -> bool:
+    """Whether a run of ``trace`` on ``config`` names its blocks: prefix caching on, and block
+    ids to hash (without them no two requests share a block: nothing to find)."""
+    return bool(config.enable_prefix_caching and "hash_ids" in trace.extra)
 
 
 def trace_block_hashes(trace: Trace, config: EngineConfig) -> np.ndarray:

@@ -50,7 +50,7 @@ from cbgym.engine import prefix_cache as pc
 from cbgym.engine.config import EngineConfig
 from cbgym.engine.engine import compile_params, host_swap_tokens
 from cbgym.engine.jit import bind
-from cbgym.engine.trace_setup import trace_block_hashes
+from cbgym.engine.trace_setup import caches_prefixes, trace_block_hashes
 from cbgym.env import kernel_ops as ko
 from cbgym.env import micro_ops as mo
 from cbgym.env import vector_ops as vo
@@ -215,7 +215,7 @@ class SchedulingVectorEnv(VectorEnv):
         self.n = n = min(proto.episode_requests, len(base_trace))
         consult = "every_iteration" if proto.skip_trivial else "always"
         # as the Engine: named blocks without decode stretches
-        prefix = cfg.enable_prefix_caching and "hash_ids" in base_trace.extra
+        prefix = caches_prefixes(base_trace, cfg)
         self.params = compile_params(cfg, consult, False, False, not prefix)
         self.params.ci[L.PREFIX] = prefix
         self.host_free = np.int64(host_swap_tokens(cfg))
