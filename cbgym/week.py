@@ -154,7 +154,7 @@ def week_source(kind: str, requests: int | None = None, seed: int = 0,
 
 def _file_chunks(path: Path, limit: int | None = None
                  ) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
-    from cbgym.workload.loaders import _parse_timestamps
+    from cbgym.workload.rows import _parse_timestamps
 
     first, taken = None, 0
     for frame in pd.read_csv(path, chunksize=BLOCK, dtype={"TIMESTAMP": str}):

@@ -29,49 +29,20 @@ from cbgym.env.action import (
     check_scores,
 )
 from cbgym.env.arguments import check_args, check_load
-from cbgym.env.arrival_obs import KEY as ARRIVAL_KEY
-from cbgym.env.arrival_obs import ArrivalFeatures, arrival_space, check_arrival_features
+from cbgym.env.draws import draw_load, draw_start
 from cbgym.env.episode import Episode
 from cbgym.env.observation import observation_space
-from cbgym.env.prefix_obs import KEY as PREFIX_KEY
-from cbgym.env.prefix_obs import (
-    check_prefix_features,
-    check_prefix_trace,
-    prefix_obs,
-    prefix_space,
-)
+from cbgym.env.optional_obs import OptionalObs
 from cbgym.env.render import render_rgb, render_text
 from cbgym.env.reward import COMPONENTS, RewardWeights, StepOutcome
-from cbgym.env.tenant_obs import KEY as TENANT_KEY
-from cbgym.env.tenant_obs import check_tenant_features, tenant_obs, tenant_space
 from cbgym.metrics import SLO, SimulationResult, SLOSpec, check_slo, has_e2e, slo_arrays
 from cbgym.workload.trace import Trace
 
-__all__ = ["SchedulingEnv", "SchedulingMaskedEnv"]
+__all__ = ["SchedulingEnv", "SchedulingMaskedEnv", "draw_load", "draw_start"]
 
 WindowRule = Literal["oldest", "smallest_prompt"]
 _OPTION_KEYS = frozenset({"start", "load", "trace"})
 DEFAULT_TRACE = "synthetic-conv"
-
-
-def draw_start(rng: np.random.Generator, num_requests: int, n: int,
-               start_range: tuple[int, int] | None) -> int:
-    """An episode's first request: uniform over the windows of n requests that lie in
-    ``start_range`` (default: the whole trace of ``num_requests``)."""
-    lo, hi = start_range or (0, num_requests)
-    lo, hi = max(int(lo), 0), min(int(hi), num_requests)
-    if hi - lo < n:
-        raise ValueError(f"window_start_range=({lo}, {hi}) cannot hold "
-                         f"{n} requests of a {num_requests}-request trace")
-    return int(rng.integers(lo, hi - n + 1))
-
-
-def draw_load(rng: np.random.Generator, load: float | tuple[float, float] | None
-              ) -> float | None:
-    """An episode's offered load: fixed, uniform over a (lo, hi) range, or None."""
-    if isinstance(load, tuple):
-        return float(rng.uniform(*load))
-    return load
 
 
 class SchedulingEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
@@ -364,22 +335,12 @@ class SchedulingEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
         self.action_space: spaces.Space = (
             spaces.Discrete(K + R + 1) if masked
             else spaces.Box(-1.0, 1.0, (self.layout.size,), np.float32))
-        self.observation_space = observation_space(K, R)
-        self.tenant_features = check_tenant_features(tenant_features)
-        if self.tenant_features:  # (cbgym.env.tenant_obs: after the other keys)
-            self.observation_space = spaces.Dict({
-                **self.observation_space.spaces, TENANT_KEY: tenant_space(self.tenant_features)})
-        self.prefix_features = check_prefix_features(prefix_features, self.config)
-        if self.prefix_features:  # (cbgym.env.prefix_obs: after the slot keys)
-            self.observation_space = spaces.Dict({
-                **self.observation_space.spaces, PREFIX_KEY: prefix_space(K)})
-            if self._base is not None:  # (a named trace is checked once loaded, at reset)
-                check_prefix_trace(self._base)
-        self.arrival_features = check_arrival_features(arrival_features)
-        if self.arrival_features:  # (cbgym.env.arrival_obs: after the other keys)
-            self.observation_space = spaces.Dict({
-                **self.observation_space.spaces, ARRIVAL_KEY: arrival_space(K)})
-        self._arrivals: ArrivalFeatures | None = None
+        self._optional = OptionalObs(K, self.config, self._base, tenant_features,
+                                     prefix_features, arrival_features)
+        self.tenant_features = self._optional.tenant_features
+        self.prefix_features = self._optional.prefix_features
+        self.arrival_features = self._optional.arrival_features
+        self.observation_space = self._optional.space(observation_space(K, R))
         self._sim: Episode | None = None
         self._started = False
         self._episode: Trace | None = None
@@ -426,11 +387,8 @@ class SchedulingEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
         return obs, info
 
     def _start_episode(self, window: Trace) -> None:
-        if self.prefix_features:
-            check_prefix_trace(window)
+        self._optional.start(window)
         self._episode = window
-        if self.arrival_features:
-            self._arrivals = ArrivalFeatures(window)
         # NOTE: "every_iteration" makes the engine stop at every iteration where a request
         # waits or memory runs short; it only skips (and fast-forwards) the rest.
         consult = "every_iteration" if self.skip_trivial else "always"
@@ -550,16 +508,7 @@ class SchedulingEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
         ms, sim = self._micro, self._sim
         assert sim is not None
         obs, waited = sim.observe(ms.chosen_w if ms else None, ms.chosen_r if ms else None)
-        if self.tenant_features:
-            assert self._episode is not None
-            obs = {**obs, TENANT_KEY: tenant_obs(sim.engine.state, self._episode.tenant,
-                                                 self.tenant_features)}
-        if self.prefix_features:
-            obs = {**obs, PREFIX_KEY: self._prefix_obs()}
-        if self._arrivals is not None:
-            assert sim.done or sim.engine.at_point  # (next_decision must not advance)
-            dp = None if sim.done else sim.engine.next_decision()
-            obs = {**obs, ARRIVAL_KEY: self._arrivals.obs(dp, sim.w_ids, self.K)}
+        obs.update(self._optional.encode(sim))
         iterations = 0
         if outcome is not None:
             iteration = sim.engine.iteration
@@ -579,18 +528,6 @@ class SchedulingEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
             info["action_mask"] = self.action_masks()
             info["invalid_action"] = False
         return obs, info
-
-    def _prefix_obs(self) -> np.ndarray:
-        """``waiting_prefix`` from the engine's own decision point (its cache probe and
-        counters; the engine is at that point whenever the episode is not done)."""
-        sim = self._sim
-        assert sim is not None
-        if sim.done:
-            stats = sim.engine.prefix_cache_stats
-            return prefix_obs(None, sim.w_ids, self.K, stats["hits"] / stats["queries"]
-                              if stats["queries"] else float("nan"))
-        assert sim.engine.at_point  # (else next_decision would advance past the env)
-        return prefix_obs(sim.engine.next_decision(), sim.w_ids, self.K)
 
     def action_masks(self) -> np.ndarray:
         """Allowed ``SchedulingMasked-v0`` actions (int8, K + R + 1); STOP only when idle.

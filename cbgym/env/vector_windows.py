@@ -16,7 +16,8 @@ from gymnasium.utils import seeding
 
 from cbgym.env import vector_ops as vo
 from cbgym.env.arguments import check_load
-from cbgym.env.scheduling_env import SchedulingEnv, draw_load, draw_start
+from cbgym.env.draws import draw_load, draw_start
+from cbgym.env.scheduling_env import SchedulingEnv
 
 DRAWN = object()  # an option left to the env's draw
 

@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike
 
-from cbgym.workload.loaders import TraceFormatError
+from cbgym.workload.rows import TraceFormatError
 from cbgym.workload.trace import Trace
 
 __all__ = [
