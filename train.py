@@ -125,6 +125,9 @@ class Args:
     prefix_inputs: bool = True
     """with prefix_features (a prefix-caching task), each slot's score reads its cached,
     uncached and shared-block counts (slot policy; else only the critic does)"""
+    batch_summary: bool = False
+    """the slot scorer's context also reads the running batch (mean and max of a shared
+    embedding of each running slot): the running cap can act on the batch's members"""
     learning_rate: float = 3e-4
     """Adam learning rate"""
     n_steps: int = 64
@@ -569,6 +572,8 @@ def build_model(args: Args, vec_env: Any, out: Path) -> Any:
     if args.policy == "slot":
         policy: Any = MaskableSlotPolicy if is_masked(args) else SlotPolicy
         policy_kwargs["prefix_inputs"] = args.prefix_inputs
+        if args.batch_summary:  # (absent otherwise: the zip stays loadable by older code)
+            policy_kwargs["batch_summary"] = True
         if args.prior:
             from cbgym.agents.slot_prior import prior_spec, spec_dict
 

@@ -47,7 +47,7 @@ __all__ = ["ACTOR_MODULES", "GenerationLog", "Population", "Searched", "draw_win
            "search"]
 
 # the SlotScorer modules that make the scores (its critic is not part of the policy that acts)
-ACTOR_MODULES = ("context", "waiting_head", "running_head", "stop_head")
+ACTOR_MODULES = ("batch_pool", "context", "waiting_head", "running_head", "stop_head")
 
 
 class _Network(nn.Module):

@@ -30,6 +30,10 @@ With ``prefix_features`` (``waiting_prefix``) and ``policy_kwargs={"prefix_input
 each waiting slot's input also holds its cached-prefix, uncached and shared-block counts
 (running slots zeros), and the context the cache's hit rate.
 
+With ``policy_kwargs={"batch_summary": True}`` the context also reads a summary of the
+running batch (the masked mean and max of one shared embedding of each running slot): the
+cap, which reads only the context, can then see the batch's members, not just its sums.
+
 Two global features are left out of the scores: ``sim_time`` and ``total_preemptions`` count
 from the start of an episode, so a policy trained on 512-request windows would see values it
 never met on a full trace (``cbgym bench``). The critic keeps them (episode progress helps the
@@ -95,11 +99,17 @@ class SlotScorer(nn.Module):
         prior: a :class:`cbgym.agents.slot_prior.PriorSpec` (as its dict): the scores are
             the heuristic prior's plus the network's, whose output layers start at zero
             (residual policy learning, :mod:`cbgym.agents.slot_prior`).
+        batch_summary: the context also reads the running batch: each running slot's
+            features (and waiting flags) through one shared layer, then the masked mean and
+            max over the slots (a Deep Sets summary, Zaheer et al. 2017). The global features
+            hold only sums over the batch; the cap and the admission scores can then act on
+            its worst member (the request with the least time to spare, say).
     """
 
     def __init__(self, space: spaces.Dict, hidden: list[int], stop_logit: bool = False,
                  act: type[nn.Module] = nn.Tanh, tenant_inputs: bool = False,
-                 prefix_inputs: bool = False, prior: Mapping[str, Any] | None = None) -> None:
+                 prefix_inputs: bool = False, prior: Mapping[str, Any] | None = None,
+                 batch_summary: bool = False) -> None:
         super().__init__()
         self.slices: dict[str, slice] = {}
         start = 0
@@ -127,6 +137,11 @@ class SlotScorer(nn.Module):
         self.register_buffer("keep", th.as_tensor(np.flatnonzero(keep)), persistent=False)
         width = hidden[0]
         ctx_in = int(keep.sum()) + self.T * len(TENANT_FEATURES) + (1 if self.P else 0)
+        # a running slot's embedding: its own features and waiting flags (not its tenant's
+        # counters nor prefix zeros: the context holds those)
+        self.batch_pool = (nn.Sequential(nn.Linear(self.F + len(WAIT_THRESHOLDS_S), width),
+                                         act()) if batch_summary else None)
+        ctx_in += 2 * width if batch_summary else 0
         self.context = nn.Sequential(nn.Linear(ctx_in, width), act())
         self.waiting_head = _mlp([slot_in + width, *hidden, 1], act)
         self.running_head = _mlp([slot_in + width, *hidden, 1], act)
@@ -171,6 +186,9 @@ class SlotScorer(nn.Module):
             w_prefix = pref[:, : self.K * self.P].reshape(-1, self.K, self.P)
             r_prefix = pref.new_zeros((pref.shape[0], self.R, self.P))
             ctx_parts.append(pref[:, self.K * self.P:])
+        if self.batch_pool is not None:
+            ctx_parts.append(self._batch_summary(features[:, s["running"]],
+                                                 features[:, s["running_mask"]]))
         ctx = self.context(th.cat(ctx_parts, dim=1) if len(ctx_parts) > 1 else glob)
         out = [self._score(self.waiting_head, features[:, s["waiting"]],
                            features[:, s["waiting_mask"]], ctx, self.K, tenants, w_prefix),
@@ -180,12 +198,28 @@ class SlotScorer(nn.Module):
             out.append(self.stop_head(ctx))
         return th.cat(out, dim=1)
 
+    def _wait_flags(self, per_slot: th.Tensor) -> th.Tensor:
+        waited = per_slot[:, :, _TIME : _TIME + 1]
+        return th.sigmoid((waited - self.wait_centers) * _WAIT_SHARPNESS)
+
+    def _batch_summary(self, slots: th.Tensor, mask: th.Tensor) -> th.Tensor:
+        """Masked mean and max of the running slots' embeddings (zeros for an empty batch)."""
+        assert self.batch_pool is not None
+        per_slot = slots.reshape(-1, self.R, self.F)
+        emb = self.batch_pool(th.cat((per_slot, self._wait_flags(per_slot)), dim=2))
+        m = mask.unsqueeze(-1)
+        n = m.sum(dim=1)
+        mean = (emb * m).sum(dim=1) / n.clamp(min=1.0)
+        # tanh embeddings lie in (-1, 1): -1 marks empty slots for the max, and an empty
+        # batch reads 0
+        peak = th.where(m > 0.5, emb, th.full_like(emb, -1.0)).amax(dim=1) * (n > 0.5)
+        return th.cat((mean, peak), dim=1)
+
     def _score(self, head: nn.Sequential, slots: th.Tensor, mask: th.Tensor, ctx: th.Tensor,
                n: int, tenants: th.Tensor | None = None,
                prefix: th.Tensor | None = None) -> th.Tensor:
         per_slot = slots.reshape(-1, n, self.F)
-        waited = per_slot[:, :, _TIME : _TIME + 1]
-        flags = th.sigmoid((waited - self.wait_centers) * _WAIT_SHARPNESS)
+        flags = self._wait_flags(per_slot)
         if tenants is not None:  # the slot's tenant's counters (zeros past T tenants)
             who = th.round(th.exp2(per_slot[:, :, _TENANT] * _COUNT_SPAN) - 1.0).long()
             rows = tenants.reshape(-1, self.T, len(TENANT_FEATURES))
@@ -224,11 +258,14 @@ class _SlotBuild:
     tenant_inputs: bool = False
     prefix_inputs: bool = False
     prior: dict[str, Any] | None = None
+    batch_summary: bool = False
 
     def __init__(self, *args: Any, tenant_inputs: bool = False, prefix_inputs: bool = False,
-                 prior: Mapping[str, Any] | None = None, **kwargs: Any) -> None:
+                 prior: Mapping[str, Any] | None = None, batch_summary: bool = False,
+                 **kwargs: Any) -> None:
         self.tenant_inputs = bool(tenant_inputs)  # (read while the base class builds)
         self.prefix_inputs = bool(prefix_inputs)
+        self.batch_summary = bool(batch_summary)
         self.prior = None if prior is None else dict(prior)
         super().__init__(*args, **kwargs)
 
@@ -238,6 +275,8 @@ class _SlotBuild:
         data["prefix_inputs"] = self.prefix_inputs
         if self.prior is not None:  # (absent otherwise: older zips load unchanged)
             data["prior"] = self.prior
+        if self.batch_summary:  # (likewise)
+            data["batch_summary"] = True
         return data
 
     def _build_mlp_extractor(self) -> None:
@@ -250,7 +289,8 @@ class _SlotBuild:
                                         stop_logit=self.stop_logit or int(n) > slots,
                                         act=self.activation_fn,
                                         tenant_inputs=self.tenant_inputs,
-                                        prefix_inputs=self.prefix_inputs, prior=self.prior)
+                                        prefix_inputs=self.prefix_inputs, prior=self.prior,
+                                        batch_summary=self.batch_summary)
 
     def _build(self, lr_schedule: Callable[[float], float]) -> None:
         super()._build(lr_schedule)  # type: ignore[misc]
