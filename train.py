@@ -235,6 +235,9 @@ def parse_args(argv: list[str] | None = None) -> Args:
             check_policy(ns.imitate)
         except ValueError as exc:
             parser.error(f"--imitate: {exc}")
+    if ns.batch_summary and (ns.policy != "slot" or ns.resume_from):
+        parser.error("--batch-summary: an input of the slot scorer (--policy slot), fixed "
+                     "when a policy is built (not with --resume-from, which keeps its own)")
     if ns.prior:
         if "Masked" in ns.env_id or ns.policy != "slot":
             parser.error("--prior: a residual on the slot scores (cbgym/Scheduling-v0, "

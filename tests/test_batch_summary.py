@@ -3,6 +3,9 @@ its prior, reads the running slots as a set, saves, and is searched by the ES po
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -43,11 +46,23 @@ def _busy_obs(env: cbgym.SchedulingEnv, steps: int = 40) -> dict[str, np.ndarray
 
 
 def _randomise_outputs(model) -> None:
-    """Non-zero output layers: the residual then depends on the summary."""
+    """Small non-zero output layers: the residual then depends on the summary."""
     gen = th.Generator().manual_seed(3)
     with th.no_grad():
         for layer in model.policy.mlp_extractor.output_layers():
-            layer.weight.copy_(th.randn(layer.weight.shape, generator=gen))
+            layer.weight.copy_(0.1 * th.randn(layer.weight.shape, generator=gen))
+
+
+def _raw(model, obs: dict[str, np.ndarray], network_only: bool = False) -> np.ndarray:
+    """The scores before clipping (``predict`` clips them to [-1, 1], where differences
+    vanish): the network's part alone with ``network_only``."""
+    policy = model.policy
+    tensor, _ = policy.obs_to_tensor(obs)
+    with th.no_grad():
+        features = policy.extract_features(tensor)
+        scorer = policy.mlp_extractor
+        out = scorer.network_scores(features) if network_only else scorer.forward_actor(features)
+    return out.numpy()[0]
 
 
 def test_it_starts_as_its_prior_and_saves(tmp_path) -> None:
@@ -59,8 +74,10 @@ def test_it_starts_as_its_prior_and_saves(tmp_path) -> None:
     mean, _ = model.predict(obs, deterministic=True)
     prior = model.policy.mlp_extractor.prior
     np.testing.assert_allclose(mean, np.clip(as_numpy(prior, obs), -1, 1), atol=1e-6)
+    assert not _raw(model, obs, network_only=True).any()  # a zero residual, exactly
     _randomise_outputs(model)
     moved, _ = model.predict(obs, deterministic=True)
+    assert _raw(model, obs, network_only=True).any()
     model.save(tmp_path / "m.zip")
     again = PPO.load(tmp_path / "m.zip", device="cpu")
     assert again.policy.mlp_extractor.batch_pool is not None
@@ -72,9 +89,11 @@ def test_it_reads_the_running_slots_as_a_set() -> None:
     model = _model(env, prior=False)
     _randomise_outputs(model)
     obs = _busy_obs(env)
-    R = len(obs["running_mask"])
+    R, K = len(obs["running_mask"]), len(obs["waiting_mask"])
     n = int(obs["running_mask"].sum())
-    base, _ = model.predict(obs, deterministic=True)
+    base = _raw(model, obs)
+    occupied = np.flatnonzero(np.concatenate((obs["waiting_mask"], obs["running_mask"], [1])))
+    assert np.abs(base[occupied]).max() < 1.0  # (unclipped: every comparison below counts)
 
     # the occupied running slots in another order: the same waiting scores and cap (the
     # running scores follow their slots)
@@ -82,8 +101,7 @@ def test_it_reads_the_running_slots_as_a_set() -> None:
     order[:n] = order[:n][::-1]
     swapped = dict(obs)
     swapped["running"] = obs["running"].reshape(R, F)[order].reshape(-1)
-    again, _ = model.predict(swapped, deterministic=True)
-    K = len(obs["waiting_mask"])
+    again = _raw(model, swapped)
     np.testing.assert_allclose(again[:K], base[:K], atol=1e-6)
     np.testing.assert_allclose(again[-1], base[-1], atol=1e-6)
     np.testing.assert_allclose(again[K:K + R][order], base[K:K + R], atol=1e-6)
@@ -93,15 +111,18 @@ def test_it_reads_the_running_slots_as_a_set() -> None:
     rows = obs["running"].reshape(R, F).copy()
     rows[n:] = 0.7
     ghost["running"] = rows.reshape(-1)
-    np.testing.assert_allclose(model.predict(ghost, deterministic=True)[0][:K], base[:K],
-                               atol=1e-6)
+    seen = _raw(model, ghost)
+    np.testing.assert_allclose(seen[:K], base[:K], atol=1e-6)
+    np.testing.assert_allclose(seen[-1], base[-1], atol=1e-6)
 
-    # a member of the batch changes the cap
+    # a member of the batch changes the waiting scores and the cap
     changed = dict(obs)
     rows = obs["running"].reshape(R, F).copy()
     rows[0] = np.clip(rows[0] + 0.2, 0.0, 1.0)
     changed["running"] = rows.reshape(-1)
-    assert model.predict(changed, deterministic=True)[0][-1] != base[-1]
+    moved = _raw(model, changed)
+    assert np.abs(moved[:K] - base[:K])[obs["waiting_mask"] > 0.5].min() > 1e-6
+    assert abs(moved[-1] - base[-1]) > 1e-6
 
 
 def test_the_search_covers_the_summary() -> None:
@@ -125,3 +146,15 @@ def test_the_search_covers_the_summary() -> None:
         np.testing.assert_allclose(batched[2 * p: 2 * p + 2],
                                    model.predict(one, deterministic=True)[0], atol=1e-6)
     pop.set(x0)
+
+
+def test_train_refuses_a_summary_it_would_not_build(capsys: pytest.CaptureFixture[str]) -> None:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    import train
+
+    assert train.parse_args(["--batch-summary"]).batch_summary
+    for bad in (["--batch-summary", "--policy", "mlp"],
+                ["--batch-summary", "--resume-from", "run.zip"]):
+        with pytest.raises(SystemExit):
+            train.parse_args(bad)
+        assert "--batch-summary" in capsys.readouterr().err

@@ -39,6 +39,18 @@ def test_splits_are_disjoint_and_test_windows_stay_inside(name: str) -> None:
         assert task.env_kwargs(n, "validation")["load"] == task.test_load
 
 
+def test_starts_can_count_their_own_windows() -> None:
+    task = get("conv-study-overload")
+    n = 19_366
+    lo, hi = task.ranges(n)["train"]
+    starts = task.starts(n, "train", 7)
+    assert len(set(starts)) == 7 and starts == sorted(starts)
+    assert starts[0] == lo and starts[-1] == hi - task.episode_requests
+    assert task.starts(n, "validation", None) == task.starts(n, "validation")
+    with pytest.raises(ValueError, match="at least 1 window"):
+        task.starts(n, "train", 0)
+
+
 def test_impossible_tasks_are_refused() -> None:
     base = get(sorted(TASKS)[0])
     with pytest.raises(ValueError, match="splits"):

@@ -210,9 +210,11 @@ class SlotScorer(nn.Module):
         m = mask.unsqueeze(-1)
         n = m.sum(dim=1)
         mean = (emb * m).sum(dim=1) / n.clamp(min=1.0)
-        # tanh embeddings lie in (-1, 1): -1 marks empty slots for the max, and an empty
-        # batch reads 0
-        peak = th.where(m > 0.5, emb, th.full_like(emb, -1.0)).amax(dim=1) * (n > 0.5)
+        # empty slots never win the max (whatever the activation's range); an empty batch
+        # reads 0
+        low = th.full_like(emb, th.finfo(emb.dtype).min)
+        peak = th.where(m > 0.5, emb, low).amax(dim=1)
+        peak = th.where(n > 0.5, peak, th.zeros_like(peak))
         return th.cat((mean, peak), dim=1)
 
     def _score(self, head: nn.Sequential, slots: th.Tensor, mask: th.Tensor, ctx: th.Tensor,

@@ -7,8 +7,9 @@ encoder (:func:`cbgym.env.kernel_ops.observe`), which writes the rest:
 | ``prefix_features=True`` | ``waiting_prefix`` | :mod:`cbgym.env.prefix_obs` |
 | ``arrival_features=True`` | ``waiting_arrival`` | :mod:`cbgym.env.arrival_obs` |
 
-The keys sort after the compiled ones in this order, so the flattened layout only grows at its
-end. The native vector env writes none of them (``cbgym.env.vector.native_lacks``).
+``spaces.Dict`` sorts its keys by name, so in the flattened observation ``waiting_arrival``
+lies between ``waiting`` and ``waiting_mask``, and the other two after ``waiting_mask``. The
+native vector env writes none of them (``cbgym.env.vector.native_lacks``).
 """
 
 from __future__ import annotations

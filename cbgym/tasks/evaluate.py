@@ -30,7 +30,7 @@ from cbgym.tasks.scoring import (
     paired_difference,
 )
 
-__all__ = ["REFERENCES", "Evaluation", "evaluate"]
+__all__ = ["REFERENCES", "Evaluation", "evaluate", "play_windows"]
 
 # the baselines every task is scored against; the best of them is the normalizing reference
 REFERENCES = ("fcfs", "sjf-ctx", "cb-sjf-work", "cb-sjf-work-aging:0.5", "slo-edf",
@@ -121,8 +121,8 @@ def evaluate(task: str | Task, policy: str, references: tuple[str, ...] | None =
     runs: dict[str, list[tuple[np.ndarray, np.ndarray, np.ndarray]]] = {}
     for seed in seeds:
         for name in dict.fromkeys((policy, *references)):
-            runs.setdefault(name, []).append(_simulated(t, name, trace, starts, engine, mu,
-                                                        seed))
+            runs.setdefault(name, []).append(play_windows(t, name, trace, starts, engine, mu,
+                                                          seed))
         runs.setdefault(RANDOM, []).append(_random_actions(t, trace, starts, mu, seed,
                                                            split))
     # windows are the independent samples: a window's result is its mean over the seeds
@@ -135,8 +135,11 @@ def evaluate(task: str | Task, policy: str, references: tuple[str, ...] | None =
                       {k: v[2] for k, v in results.items()})
 
 
-def _simulated(t: Task, policy: str, trace: object, starts: list[int], engine: object,
-               mu: float, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def play_windows(t: Task, policy: str, trace: object, starts: list[int], engine: object,
+                 mu: float, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``policy`` (a spec) on ``trace``'s windows from ``starts`` at the task's test load
+    (``mu``: the trace's capacity, requests/s): goodput, SLO attainment and p99 TTFT per
+    window (:func:`window_rows`)."""
     from cbgym.simulate import simulate
 
     return window_rows(simulate(trace.window(start, t.episode_requests),  # type: ignore

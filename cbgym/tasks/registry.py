@@ -92,14 +92,19 @@ class Task:
         a, b = (int(num_requests * x) for x in self.splits)
         return {"train": (0, a), "validation": (a, b), "test": (b, num_requests)}
 
-    def starts(self, num_requests: int, split: str = "test") -> list[int]:
-        """``test_windows`` evenly spaced window starts lying wholly inside ``split``."""
+    def starts(self, num_requests: int, split: str = "test", count: int | None = None
+               ) -> list[int]:
+        """``count`` (default ``test_windows``) evenly spaced window starts lying wholly
+        inside ``split``."""
         lo, hi = self.ranges(num_requests)[split]
         last = hi - self.episode_requests
         if last < lo:
             raise ValueError(f"task {self.name!r}: the {split} range [{lo}, {hi}) cannot hold a "
                              f"{self.episode_requests}-request window")
-        return [int(x) for x in np.linspace(lo, last, self.test_windows).round()]
+        n = self.test_windows if count is None else count
+        if n < 1:
+            raise ValueError(f"task {self.name!r}: count={count}: expected at least 1 window")
+        return [int(x) for x in np.linspace(lo, last, n).round()]
 
     def engine_config(self) -> Any:
         """The task's :class:`cbgym.EngineConfig`."""
