@@ -76,7 +76,7 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, train.Args]:
     if args.ttft_miss_weight or args.shed_weight or args.latency_weight:
         ap.error("the search maximises goodput: leave the reward shaping weights at 0")
     if args.task:
-        from cbgym.env.vector import native_lacks
+        from cbgym.env.vector_common import native_lacks
         from cbgym.tasks import get
 
         task = get(args.task)

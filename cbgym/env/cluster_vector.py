@@ -52,7 +52,7 @@ from cbgym.engine.jit import bind
 from cbgym.env import cluster_vector_ops as co
 from cbgym.env.action import InvalidActionError
 from cbgym.env.cluster_env import ClusterEnv
-from cbgym.env.vector import env_seeds, reset_options, use_threads
+from cbgym.env.vector_common import env_seeds, reset_options, use_threads
 from cbgym.metrics import has_e2e, tbt_targets
 
 __all__ = ["ClusterVectorEnv"]

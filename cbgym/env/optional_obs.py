@@ -9,7 +9,7 @@ encoder (:func:`cbgym.env.kernel_ops.observe`), which writes the rest:
 
 ``spaces.Dict`` sorts its keys by name, so in the flattened observation ``waiting_arrival``
 lies between ``waiting`` and ``waiting_mask``, and the other two after ``waiting_mask``. The
-native vector env writes none of them (``cbgym.env.vector.native_lacks``).
+native vector env writes none of them (``cbgym.env.vector_common.native_lacks``).
 """
 
 from __future__ import annotations

@@ -227,7 +227,8 @@ def make_env(task: str = DEFAULT_TASK, masked: bool = False, **overrides: Any) -
 def make_vector_env(num_envs: int = 1, task: str = DEFAULT_TASK, masked: bool = False,
                     **overrides: Any) -> Any:
     """The task's native vector env (the vector entry point of its env ids)."""
-    from cbgym.env.vector import SchedulingMaskedVectorEnv, SchedulingVectorEnv, native_lacks
+    from cbgym.env.vector import SchedulingMaskedVectorEnv, SchedulingVectorEnv
+    from cbgym.env.vector_common import native_lacks
 
     kwargs = _kwargs(task, masked, overrides)
     if native_lacks(tenant_features=bool(kwargs.get("tenant_features")),
