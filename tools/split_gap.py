@@ -2,14 +2,18 @@
 
     python tools/split_gap.py --task code-vllm-bursty --train-windows 30
 
-Plays ``learned:<task>`` (or ``--policy``) and the reference (default: the task's tuned
-``cb-sjf-work-shed`` reference, its best content-blind heuristic on every single-instance task
-of docs/benchmark.md) on evenly spaced windows of each split at the task's test load, and
-prints the paired difference per split (95% interval over windows, wins / losses). The train
-windows are in-sample for a policy trained on them, so a gap that shrinks from train to
-validation to test reads as overfitting or as the trace changing over time. The test split is
-what ``cbgym evaluate`` reports; leave it out (``--splits train validation``) while choosing a
-policy.
+Plays ``learned:<task>`` (or ``--policy``) and the reference on evenly spaced windows of each
+split at the task's test load, and prints the paired difference per split (95% interval over
+windows, wins / losses). The default reference is the task's first reference, else
+``cb-sjf-work-shed``: a fixed stand-in for the best content-blind heuristic, which it is on
+every single-instance task of docs/benchmark.md today (``cbgym evaluate`` finds the best on
+the test windows).
+
+The train windows are in-sample for a policy trained on them, so a gap that shrinks from train
+to validation to test reads as overfitting or as the trace changing over time. Windows overlap
+where a split is short for their number (a note says so): their intervals then count shared
+requests as independent and are too narrow. The test split is what ``cbgym evaluate``
+reports; leave it out (``--splits train validation``) while choosing a policy.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
                     help="windows of the train split (validation and test: the task's own)")
     ap.add_argument("--splits", nargs="+", choices=SPLITS, default=list(SPLITS))
     args = ap.parse_args(argv)
+    args.splits = list(dict.fromkeys(args.splits))  # each split once, in the order given
     if args.train_windows < 2:
         ap.error(f"--train-windows {args.train_windows}: expected at least 2 (an interval "
                  "needs two windows)")
@@ -71,6 +76,11 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
               f"{a.mean():.1f}, {reference} {b.mean():.1f}, difference {iv.mean:+.1f} "
               f"[{iv.low:+.1f}, {iv.high:+.1f}] (wins {d.wins}, ties {d.ties}, losses "
               f"{d.losses})", flush=True)
+        gap = min(b - a for a, b in zip(starts, starts[1:], strict=False)) if len(starts) > 1 \
+            else t.episode_requests
+        if gap < t.episode_requests:
+            print(f"  (these windows overlap: starts {gap} requests apart, {t.episode_requests}"
+                  "-request windows; the interval counts shared requests as independent)")
         out[split] = d
     return out
 

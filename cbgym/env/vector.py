@@ -74,6 +74,7 @@ from cbgym.workload.trace import Trace
 __all__ = ["SchedulingMaskedVectorEnv", "SchedulingVectorEnv", "env_seeds", "native_lacks",
            "use_threads"]
 
+
 class SchedulingVectorEnv(VectorEnv):
     """N ``cbgym/Scheduling-v0`` envs stepped by one compiled call; see the module docstring."""
 
