@@ -52,8 +52,10 @@ def _ids(x: object) -> np.ndarray:
 
 
 def compile_params(config: EngineConfig, consult: str, keyed: bool, record: bool,
-                   stretches: bool = True, victim_by_key: bool = False) -> L.Params:
-    """The kernel's static parameters for ``config``."""
+                   stretches: bool = True, victim_by_key: bool = False,
+                   prefix: bool = False) -> L.Params:
+    """The kernel's static parameters for ``config``; ``prefix``: the run names its blocks
+    (:func:`cbgym.engine.trace_setup.caches_prefixes`)."""
     assert config.block_size is not None and config.num_kv_blocks is not None
     kind, coef = cost_params(config.cost_model)
     ci = np.zeros(L.NUM_CI, np.int64)
@@ -71,7 +73,11 @@ def compile_params(config: EngineConfig, consult: str, keyed: bool, record: bool
     ci[L.KEYED] = keyed
     ci[L.RECORD] = record
     ci[L.COST_KIND] = kind
-    ci[L.STRETCH] = stretches
+    # no decode stretches with named blocks: the named stretch's code, compiled into every
+    # run's loop, slowed runs without caching by about 4%; runs with caching iterate one step
+    # at a time, 11-28% slower on Mooncake
+    ci[L.STRETCH] = stretches and not prefix
+    ci[L.PREFIX] = prefix
     ci[L.VICTIM_BY_KEY] = victim_by_key
     return L.Params(ci, coef)
 
@@ -129,13 +135,8 @@ class Engine:
         if victim_by_key and keys is None:
             raise ValueError("Engine victim_by_key=True needs keys= (the static keys it reads)")
         self.prefix_caching = caches_prefixes(trace, config)
-        # (no decode stretches with named blocks: the named stretch's code, compiled into
-        # every run's loop, slowed runs without caching by about 4%; runs with caching
-        # iterate one step at a time, 11-28% slower on Mooncake)
         self.params = compile_params(config, consult, keys is not None, record_iterations,
-                                     decode_stretches and not self.prefix_caching,
-                                     victim_by_key)
-        self.params.ci[L.PREFIX] = self.prefix_caching
+                                     decode_stretches, victim_by_key, self.prefix_caching)
         self.state = s = L.new_state(trace.arrival_s, trace.prompt_tokens, trace.output_tokens,
                                      config.num_kv_blocks, host_swap_tokens(config),
                                      config.max_num_seqs, config.block_size, routed, state,

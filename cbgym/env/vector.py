@@ -146,10 +146,8 @@ class SchedulingVectorEnv(VectorEnv):
         base_trace = proto.base_trace
         self.n = n = min(proto.episode_requests, len(base_trace))
         consult = "every_iteration" if proto.skip_trivial else "always"
-        # as the Engine: named blocks without decode stretches
         prefix = caches_prefixes(base_trace, cfg)
-        self.params = compile_params(cfg, consult, False, False, not prefix)
-        self.params.ci[L.PREFIX] = prefix
+        self.params = compile_params(cfg, consult, False, False, prefix=prefix)
         self.host_free = np.int64(host_swap_tokens(cfg))
         ttft, tpot = slo_arrays(proto.slo, base_trace.slo_class)
         mu = proto._capacity_of(base_trace) if proto.load is not None else np.nan
