@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from cbgym.engine import gaps, itl
-from cbgym.engine.jit import no_alloc_kernel
+from cbgym.engine.jit import no_alloc_inline_kernel, no_alloc_kernel
 from cbgym.engine.kutil import end, keep_status, named, release_as, report
 from cbgym.engine.layout import (
     ARRIVAL,
@@ -104,11 +104,24 @@ def record(s: State, p: Params, start: float, dt: float, tokens: int, prefill: i
     si[ROW_OPEN] = 1
 
 
+# (Per-request loops call leaves that take the rows they need, and call what takes the whole
+# state only once a cheap test has passed: cbgym.engine.jit's note on inlining.)
+
+
 @no_alloc_kernel
-def add_gap(s: State, rid: int, gap: float) -> None:
+def add_gap(g: np.ndarray, packed: np.ndarray, gap_min: np.ndarray, rid: int,
+            gap: float) -> None:
     """A gap between two of ``rid``'s tokens, into its run of largest ones (gaps.py) if it
-    can enter (the caller checked ``gap > times[GAP_MIN, rid]``, one cache line per token)."""
-    s.req[GAP, rid], s.times[GAP_MIN, rid] = gaps.offer(s.gaps, s.req[GAP, rid], gap)
+    can enter (the caller checked ``gap > gap_min[rid]``, one cache line per token).
+    ``g``, ``packed``, ``gap_min``: the state's ``gaps``, ``req[GAP]`` and ``times[GAP_MIN]``."""
+    packed[rid], gap_min[rid] = gaps.offer(g, packed[rid], gap)
+
+
+@no_alloc_kernel
+def at_end(req: np.ndarray, mml: int, rid: int) -> bool:
+    """Whether ``rid`` has produced its last token or reached max_model_len (``mml`` < 0:
+    none); ``req``: the state's request rows. :func:`finished`'s test, for its callers."""
+    return req[GENERATED, rid] >= req[OUTPUT, rid] or (mml >= 0 and req[TOKENS, rid] >= mml)
 
 
 @no_alloc_kernel
@@ -124,12 +137,9 @@ def close_gaps(s: State, rid: int) -> None:
 def finished(s: State, p: Params, rid: int, by_name: bool) -> bool:
     """End ``rid`` if it just produced its last token (or reached max_model_len);
     ``by_name``: its blocks are named (:func:`cbgym.engine.kutil.release_as`)."""
-    mml = p.ci[MAX_MODEL_LEN]
-    generated, output, tokens = s.req[GENERATED], s.req[OUTPUT], s.req[TOKENS]
-    full = generated[rid] >= output[rid]
-    capped = mml >= 0 and tokens[rid] >= mml and not full
-    if not (full or capped):
+    if not at_end(s.req, p.ci[MAX_MODEL_LEN], rid):
         return False
+    capped = s.req[GENERATED, rid] < s.req[OUTPUT, rid]  # (at max_model_len first)
     close_gaps(s, rid)
     end(s, rid, FINISHED, s.sf[NOW], R_MML if capped else 0)
     if s.req[KEEP_KV, rid]:
@@ -143,10 +153,12 @@ def finished(s: State, p: Params, rid: int, by_name: bool) -> bool:
 def retire(s: State, p: Params, m: int) -> None:
     """End the batch's requests that produced their last token (or reached max_model_len)."""
     sched_ids, sampled = s.ids[SCHED_IDS], s.ids[SAMPLED]
+    req, mml = s.req, p.ci[MAX_MODEL_LEN]
     ended = False
     by_name = named(s)
     for j in range(m):
-        if sampled[j] and finished(s, p, sched_ids[j], by_name):
+        rid = sched_ids[j]
+        if sampled[j] and at_end(req, mml, rid) and finished(s, p, rid, by_name):
             ended = True
     if ended:
         s.si[N_RUN] = keep_status(s.ids[RUN_Q], s.si[N_RUN], s.req[STATUS], RUNNING)
@@ -215,7 +227,7 @@ def idle_after_turns(s: State) -> int:
     return idle(s)
 
 
-@no_alloc_kernel
+@no_alloc_inline_kernel
 def execute(s: State, p: Params, m: int) -> int:
     """Price the batch of ``m`` requests, advance the clock, produce tokens, retire."""
     si, sf = s.si, s.sf
@@ -262,7 +274,7 @@ def execute(s: State, p: Params, m: int) -> int:
             gap = sf[NOW] - last_token[rid]
             if generated[rid] > 1:
                 if gap > gap_min[rid]:
-                    add_gap(s, rid, gap)
+                    add_gap(s.gaps, s.req[GAP], gap_min, rid, gap)
                 if pooled:
                     if last_token[rid] == begin:
                         same += 1  # sampled last iteration too: this iteration's duration

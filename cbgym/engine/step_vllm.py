@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from cbgym.engine import prefix_cache as pc
-from cbgym.engine.jit import no_alloc_kernel
+from cbgym.engine.jit import no_alloc_inline_kernel, no_alloc_kernel
 from cbgym.engine.kutil import (
     await_kv,
     copy_ids,
@@ -83,7 +83,7 @@ from cbgym.engine.step_prefix import name_running, receive_cached, take_cached
 from cbgym.engine.transitions import preempt, shed, start
 
 
-@no_alloc_kernel
+@no_alloc_inline_kernel
 def running_plan(s: State, p: Params) -> None:
     """What serving the running batch would take this iteration (vLLM's running loop).
 
@@ -350,7 +350,7 @@ def admit(s: State, p: Params, m: int, budget: int) -> int:
     return m
 
 
-@no_alloc_kernel
+@no_alloc_inline_kernel
 def schedule(s: State, p: Params) -> int:
     """One vLLM v1 scheduling pass: running first, then waiting. The batch size."""
     si, ci = s.si, p.ci

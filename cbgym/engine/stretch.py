@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from cbgym.engine import gaps, itl
-from cbgym.engine.execute import add_gap, finished, record
+from cbgym.engine.execute import add_gap, at_end, finished, record
 from cbgym.engine.jit import no_alloc_kernel
 from cbgym.engine.layout import (
     ARRIVAL,
@@ -34,6 +34,7 @@ from cbgym.engine.layout import (
     EVERY_ITERATION,
     FIRST_TOKEN,
     FREE,
+    GAP,
     GAP_MIN,
     GAP_TOP,
     GENERATED,
@@ -46,6 +47,7 @@ from cbgym.engine.layout import (
     KEYED,
     LAST_DT,
     LAST_TOKEN,
+    MAX_MODEL_LEN,
     N_RUN,
     N_WAIT,
     NEVER,
@@ -215,7 +217,8 @@ def decode_stretch(s: State, p: Params) -> bool:
     held = s.req[HELD]
     last = steps == k  # somebody finishes (or reaches max_model_len) at the last step
     m = 0  # the running queue, compacted in place as requests finish
-    last_token, gap_min = s.times[LAST_TOKEN], s.times[GAP_MIN]
+    last_token, gap_min, packed = s.times[LAST_TOKEN], s.times[GAP_MIN], s.req[GAP]
+    req, mml = s.req, ci[MAX_MODEL_LEN]
     # (first_end: the first step's end, as the loop summed it; a request whose last token
     # came before the stretch began, after an idle tick, has a longer first gap)
     gaps.sort_desc(buf, 0, sn)
@@ -235,15 +238,15 @@ def decode_stretch(s: State, p: Params) -> bool:
                 itl.add(s.sf, ITL, first, 1)
         if max(first, top_gap) > gap_min[rid]:
             if first > gap_min[rid]:
-                add_gap(s, rid, first)
+                add_gap(s.gaps, packed, gap_min, rid, first)
             for j in range(sn):
                 if buf[j] <= gap_min[rid]:
                     break
-                add_gap(s, rid, buf[j])
+                add_gap(s.gaps, packed, gap_min, rid, buf[j])
         last_token[rid] = t
         if not ci[PAPER]:  # a decoding request holds exactly the blocks its tokens need
             held[rid] = -(-computed[rid] // bs)
-        if last and finished(s, p, rid, NO):
+        if last and at_end(req, mml, rid) and finished(s, p, rid, NO):
             continue
         running[m] = rid
         m += 1
@@ -255,7 +258,7 @@ def decode_stretch(s: State, p: Params) -> bool:
         tokens[rid] += 1
         first_token[rid] = t
         last_token[rid] = t
-        if finished(s, p, rid, NO):
+        if at_end(req, mml, rid) and finished(s, p, rid, NO):
             continue
         running[m] = rid
         m += 1

@@ -19,7 +19,7 @@ import numpy as np
 
 from cbgym.agents.base import OUTPUT_STAT_EDGES, OUTPUT_STAT_WINDOW
 from cbgym.engine import layout as L
-from cbgym.engine.jit import kernel
+from cbgym.engine.jit import inline_kernel, kernel
 from cbgym.engine.kutil import count_at_most, sort_by_key
 from cbgym.engine.layout import Params, State
 from cbgym.engine.loop import decide
@@ -139,7 +139,7 @@ def fill_env_state(e: EnvState, arrival_s: np.ndarray, ttft_target: np.ndarray,
     e.win[:] = 0
 
 
-@kernel
+@inline_kernel
 def visible(s: State, e: EnvState) -> None:
     """Fix the pending point's visible windows: the first K waiting (or the K with the
     fewest prompt tokens, shown in queue order) and the R most recently admitted running."""
@@ -334,7 +334,7 @@ def observe(s: State, e: EnvState, drained: bool, chosen_w: np.ndarray, chosen_r
     return g, waiting, w_mask, running, r_mask, waited
 
 
-@kernel
+@inline_kernel
 def reward(s: State, e: EnvState) -> np.ndarray:
     """One step's (num_good, num_finished, num_shed, ttft misses, latency, elapsed)."""
     si, now, acc_i, acc_f, t = s.si, s.sf[L.NOW], e.acc_i, e.acc_f, e.targets
@@ -393,7 +393,7 @@ def account_sheds(s: State, e: EnvState) -> int:
 _Obs = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 
 
-@kernel
+@inline_kernel
 def finish_step(s: State, e: EnvState, drained: bool) -> tuple[_Obs, np.ndarray]:
     """After a decision: the new point's windows, the step's reward outcome, the observation."""
     if not drained:
