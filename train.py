@@ -86,6 +86,9 @@ class Args:
     train_fraction: float = 0.7
     """training windows come from the first train_fraction of the requests, evaluation from
     the rest"""
+    train_from: float = 0.0
+    """training windows lie at or after this fraction of the requests (below the train
+    split; a task's too): only the most recent training requests, nearer the held-out ones"""
     K: int = 16
     """visible waiting slots"""
     R: int = 32
@@ -255,6 +258,14 @@ def parse_args(argv: list[str] | None = None) -> Args:
         if getattr(ns, name) < 0:
             parser.error(f"--{name.replace('_', '-')} must be >= 0")
     args = Args(**{k: tuple(v) if isinstance(v, list) else v for k, v in vars(ns).items()})
+    split = args.train_fraction
+    if args.task:
+        from cbgym.tasks import TASKS
+
+        split = TASKS[args.task].splits[0] if args.task in TASKS else split
+    if not 0.0 <= args.train_from < split:
+        parser.error(f"--train-from {args.train_from}: expected a fraction in [0, {split}) "
+                     "(training windows lie before the train split)")
     if args.task:
         from cbgym.tasks import TASKS
 
@@ -334,7 +345,7 @@ def env_kwargs(args: Args, trace: Trace, engine: EngineConfig, mu: float) -> dic
     kwargs = {
         "trace": trace, "load": load, "engine": engine,
         "episode_requests": args.episode_requests,
-        "window_start_range": (0, split_index(args, trace)),
+        "window_start_range": (int(len(trace) * args.train_from), split_index(args, trace)),
         "slo": run_slo(args), "K": args.K, "R": args.R,
         "window_rule": args.window_rule, "hold_threshold": args.hold_threshold,
         "shed_threshold": args.shed_threshold, "shed_rule": args.shed_rule,
@@ -678,7 +689,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     warm = imitate(args, model, kwargs) if args.imitate and not args.resume_from else None
     config = {"args": dataclasses.asdict(args),
               "trace_name": trace.name, "trace_requests": len(trace),
-              "train_requests": [0, split_index(args, trace)],
+              "train_requests": [int(len(trace) * args.train_from), split_index(args, trace)],
               "heldout_requests": [split_index(args, trace), len(trace)],
               "capacity_rps": mu, "engine": cbgym.metrics.config_dict(engine),
               "meta": model_meta(args), "versions": versions(), "command": sys.argv,
