@@ -257,6 +257,7 @@ def execute(s: State, p: Params, m: int) -> int:
     sf[NOW] = begin + dt
     first_token, last_token, gap_min = s.times[FIRST_TOKEN], s.times[LAST_TOKEN], s.times[
         GAP_MIN]
+    packed = s.req[GAP]
     for j in range(m):
         rid = sched_ids[j]
         computed[rid] += sched_tokens[j]
@@ -274,7 +275,7 @@ def execute(s: State, p: Params, m: int) -> int:
             gap = sf[NOW] - last_token[rid]
             if generated[rid] > 1:
                 if gap > gap_min[rid]:
-                    add_gap(s.gaps, s.req[GAP], gap_min, rid, gap)
+                    add_gap(s.gaps, packed, gap_min, rid, gap)
                 if pooled:
                     if last_token[rid] == begin:
                         same += 1  # sampled last iteration too: this iteration's duration

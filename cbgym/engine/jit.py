@@ -36,8 +36,9 @@ NOTE on inlining: numba passes a tuple of arrays (the engine's ``State``, about 
 words) by value, copied onto the stack at every call LLVM does not inline. Leaves called per
 request take the rows they need instead, and a few phases called once per iteration or
 step are inlined by numba itself (:func:`inline_kernel`; measured 5% more steps/s on the
-vector env for 5% longer compiles). Measured, 2026-12-05: one such call per request and
-iteration (``retire`` to ``finished``) took 16% of the vector env's time.
+vector env; the vector kernels' first compile took 49 s instead of 45 s). Measured
+2026-12-05: one such call per request and iteration (``retire`` to ``finished``) took 16%
+of the vector env's time.
 
 NOTE on compile time: numba optimises each function together with everything it calls, so
 the cost grows with the depth of the call graph, not with the number of functions. The
@@ -60,7 +61,7 @@ import numpy as np
 _BOUND: dict[tuple, Any] = {}
 _ANNOUNCED = False
 COLD_START_HINT_S = 20  # what the notice promises on a 2-core machine (bench_cold_start.py)
-VECTOR_HINT_S = 45  # the batched kernels of cbgym.env.vector_ops (parallel: slower to build)
+VECTOR_HINT_S = 50  # the batched kernels of cbgym.env.vector_ops (parallel: slower to build)
 PACKAGE = Path(__file__).resolve().parents[1]
 STAMP_FILE = "cbgym-kernels.stamp"
 _DEFINES_KERNEL = re.compile(r"^@(no_alloc_|parallel_|inline_|no_alloc_inline_)?kernel$", re.M)
