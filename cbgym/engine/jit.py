@@ -60,7 +60,7 @@ import numpy as np
 
 _BOUND: dict[tuple, Any] = {}
 _ANNOUNCED = False
-COLD_START_HINT_S = 20  # what the notice promises on a 2-core machine (bench_cold_start.py)
+COLD_START_HINT_S = 40  # what the notice promises on a 2-core machine (bench_cold_start.py)
 VECTOR_HINT_S = 50  # the batched kernels of cbgym.env.vector_ops (parallel: slower to build)
 PACKAGE = Path(__file__).resolve().parents[1]
 STAMP_FILE = "cbgym-kernels.stamp"
