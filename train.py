@@ -258,14 +258,6 @@ def parse_args(argv: list[str] | None = None) -> Args:
         if getattr(ns, name) < 0:
             parser.error(f"--{name.replace('_', '-')} must be >= 0")
     args = Args(**{k: tuple(v) if isinstance(v, list) else v for k, v in vars(ns).items()})
-    split = args.train_fraction
-    if args.task:
-        from cbgym.tasks import TASKS
-
-        split = TASKS[args.task].splits[0] if args.task in TASKS else split
-    if not 0.0 <= args.train_from < split:
-        parser.error(f"--train-from {args.train_from}: expected a fraction in [0, {split}) "
-                     "(training windows lie before the train split)")
     if args.task:
         from cbgym.tasks import TASKS
 
@@ -277,6 +269,9 @@ def parse_args(argv: list[str] | None = None) -> Args:
                 parser.error(f"--{name.replace('_', '-')} is fixed by --task {args.task}; "
                              "leave it out (or train without --task)")
         args = with_task(args)
+    if not 0.0 <= args.train_from < args.train_fraction:  # (a task's split by now)
+        parser.error(f"--train-from {args.train_from}: expected a fraction in "
+                     f"[0, {args.train_fraction}) (training windows lie before the train split)")
     return args
 
 
@@ -342,10 +337,15 @@ def split_index(args: Args, trace: Trace) -> int:
 def env_kwargs(args: Args, trace: Trace, engine: EngineConfig, mu: float) -> dict[str, Any]:
     """Keyword arguments of the training environments."""
     load = args.load[0] if len(args.load) == 1 else (args.load[0], args.load[1])
+    lo, hi = int(len(trace) * args.train_from), split_index(args, trace)
+    if hi - lo < args.episode_requests:
+        raise ValueError(f"the training range [{lo}, {hi}) of {len(trace)} requests cannot hold "
+                         f"one window of {args.episode_requests}: lower --train-from "
+                         f"({args.train_from})")
     kwargs = {
         "trace": trace, "load": load, "engine": engine,
         "episode_requests": args.episode_requests,
-        "window_start_range": (int(len(trace) * args.train_from), split_index(args, trace)),
+        "window_start_range": (lo, hi),
         "slo": run_slo(args), "K": args.K, "R": args.R,
         "window_rule": args.window_rule, "hold_threshold": args.hold_threshold,
         "shed_threshold": args.shed_threshold, "shed_rule": args.shed_rule,

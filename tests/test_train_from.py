@@ -26,6 +26,10 @@ def test_train_from_narrows_the_training_range_only() -> None:
         int(n * 0.5), int(n * 0.7))
     # the held-out windows are the same either way
     assert train.eval_starts(recent, trace) == train.eval_starts(whole, trace)
+    # a range too short for one window is refused before anything is built
+    late = train.parse_args(["--load", "0.9", "--train-from", "0.69"])
+    with pytest.raises(ValueError, match="--train-from"):
+        train.env_kwargs(late, trace, EngineConfig(), 1.0)
 
 
 def test_train_from_is_checked_against_the_split(capsys: pytest.CaptureFixture[str]) -> None:
@@ -36,3 +40,6 @@ def test_train_from_is_checked_against_the_split(capsys: pytest.CaptureFixture[s
             train.parse_args(bad)
         err = capsys.readouterr().err
         assert "--train-from" in err and f"[0, {split})" in err
+    with pytest.raises(SystemExit):  # an unknown task is named first
+        train.parse_args(["--task", "nope", "--train-from", "0.8"])
+    assert "--task 'nope'" in capsys.readouterr().err
