@@ -689,7 +689,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     warm = imitate(args, model, kwargs) if args.imitate and not args.resume_from else None
     config = {"args": dataclasses.asdict(args),
               "trace_name": trace.name, "trace_requests": len(trace),
-              "train_requests": [int(len(trace) * args.train_from), split_index(args, trace)],
+              "train_requests": list(kwargs["window_start_range"]),
               "heldout_requests": [split_index(args, trace), len(trace)],
               "capacity_rps": mu, "engine": cbgym.metrics.config_dict(engine),
               "meta": model_meta(args), "versions": versions(), "command": sys.argv,
