@@ -3,8 +3,9 @@
 ``load_trace("azure-conv-2023")`` looks, in order, in every directory of ``$CBGYM_TRACE_DIR``
 (``os.pathsep``-separated), then in the user cache (``$XDG_CACHE_HOME/cbgym/traces``, by default
 ``~/.cache/cbgym/traces``), and finally downloads the public file into the cache, checking its
-sha256 where one is known. The URLs and checksums live here (not in the repository's
-``traces/manifest.json``, which mirrors them) so that an installed package can fetch by itself.
+sha256 where one is known. The URLs and checksums live in the package
+(:mod:`cbgym.workload.catalog_entries`; the repository's ``traces/manifest.json`` mirrors them)
+so that an installed package can fetch by itself.
 
 :data:`LOCAL_TRACES` (the Mooncake traces, the agent sessions) are looked for the same way
 but never downloaded: put them in a ``$CBGYM_TRACE_DIR`` directory (or the cache) under the
@@ -19,12 +20,22 @@ import os
 import tempfile
 import urllib.error
 import urllib.request
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from tqdm import tqdm
 
+# (the catalogue's names are re-exported: callers and tests import them from here)
+from cbgym.workload.catalog_entries import (
+    CATALOG,
+    DERIVED,
+    LOCAL_TRACES,
+    SYNTHETIC_NAMES,
+    LocalTraceEntry,
+    TraceEntry,
+    known_names,
+)
 from cbgym.workload.loaders import load_trace_file
 from cbgym.workload.session_synth import synthetic_sessions
 from cbgym.workload.sessions import load_agent_sessions
@@ -48,22 +59,9 @@ __all__ = [
 ]
 
 TRACE_DIR_ENV = "CBGYM_TRACE_DIR"
-SYNTHETIC_NAMES = ("synthetic-conv", "synthetic-code", "synthetic-sessions")
-# traces built from catalogue traces: name -> (its parts, how they are combined)
-DERIVED = {"tenants-conv-code-2023": ("azure-conv-2023", "azure-code-2023")}
 _DERIVED_CACHE: dict[str, tuple[list[Trace], Trace]] = {}
 _CHUNK = 1 << 20
 _TIMEOUT_S = 60.0
-_SPLITWISE = (
-    "Patel et al., 'Splitwise: Efficient generative LLM inference using phase splitting', "
-    "ISCA 2024"
-)
-_DYNAMOLLM = (
-    "Stojkovic et al., 'DynamoLLM: Designing LLM Inference Clusters for Performance and "
-    "Energy Efficiency', HPCA 2025 (arXiv:2408.00741)"
-)
-_GITHUB = "https://raw.githubusercontent.com/Azure/AzurePublicDataset/master/data/"
-_BLOB = "https://azurepublicdatasettraces.blob.core.windows.net/azurellminfererencetrace/"
 
 
 class TraceNotFoundError(FileNotFoundError):
@@ -72,103 +70,6 @@ class TraceNotFoundError(FileNotFoundError):
 
 class TraceChecksumError(ValueError):
     """A trace file's sha256 differs from the published one (corrupt or different file)."""
-
-
-@dataclass(frozen=True)
-class TraceEntry:
-    """A public trace file that :func:`load_trace` knows by name.
-
-    Attributes:
-        name: catalogue name, e.g. ``"azure-conv-2023"``.
-        filename: the public file name (what to put in ``$CBGYM_TRACE_DIR``).
-        url: where to download it.
-        sha256: hex digest of the file, or None where none is pinned (not verified).
-        rows: number of requests.
-        span_s: time from first to last request, seconds (approximate for 2024).
-        citation: the paper to cite when publishing results.
-        licence: SPDX-style licence id.
-    """
-
-    name: str
-    filename: str
-    url: str
-    sha256: str | None
-    rows: int
-    span_s: float
-    citation: str
-    licence: str = "CC-BY-4.0"
-
-
-CATALOG: dict[str, TraceEntry] = {
-    entry.name: entry
-    for entry in (
-        TraceEntry(
-            "azure-conv-2023", "AzureLLMInferenceTrace_conv.csv",
-            _GITHUB + "AzureLLMInferenceTrace_conv.csv",
-            "2f1e5b666d4e3055fdbba98598ce2ec307767b9064e03e2fa46676dbcc7d0bf8",
-            19_366, 3501.7, _SPLITWISE,
-        ),
-        TraceEntry(
-            "azure-code-2023", "AzureLLMInferenceTrace_code.csv",
-            _GITHUB + "AzureLLMInferenceTrace_code.csv",
-            "54e9a6d2a4bd06ba1e060304b900abbc74cbea53de96506e60fe5bb4f2277fb6",
-            8_819, 3435.9, _SPLITWISE,
-        ),
-        # The 2024 week-long files (~1.1 GB conv, ~0.7 GB code) have no published checksum and
-        # we hold no copy to compute one, so they are not verified.
-        TraceEntry(
-            "azure-conv-2024", "AzureLLMInferenceTrace_conv_1week.csv",
-            _BLOB + "AzureLLMInferenceTrace_conv_1week.csv", None,
-            27_303_999, 604_800.0, _DYNAMOLLM,
-        ),
-        TraceEntry(
-            "azure-code-2024", "AzureLLMInferenceTrace_code_1week.csv",
-            _BLOB + "AzureLLMInferenceTrace_code_1week.csv", None,
-            16_803_695, 604_800.0, _DYNAMOLLM,
-        ),
-    )
-}
-
-
-@dataclass(frozen=True)
-class LocalTraceEntry:
-    """A trace :func:`load_trace` knows by name but does not download (no pinned public file).
-
-    Attributes:
-        name: catalogue name, e.g. ``"mooncake-conversation"``.
-        paths: where it may lie, relative to a trace directory, in order of preference (a file,
-            or a folder of agent-session files).
-        rows: number of requests.
-        source: where the data were published.
-        licence: SPDX-style licence id.
-    """
-
-    name: str
-    paths: tuple[str, ...]
-    rows: int
-    source: str
-    licence: str = "Apache-2.0"
-
-
-_MOONCAKE = "Mooncake FAST'25 release, https://github.com/kvcache-ai/Mooncake"
-LOCAL_TRACES: dict[str, LocalTraceEntry] = {
-    entry.name: entry
-    for entry in (
-        LocalTraceEntry("mooncake-conversation",
-                        ("mooncake/conversation_trace.jsonl", "conversation_trace.jsonl"),
-                        12_031, _MOONCAKE),
-        LocalTraceEntry("mooncake-synthetic",
-                        ("mooncake/synthetic_trace.jsonl", "synthetic_trace.jsonl"),
-                        3_993, _MOONCAKE),
-        LocalTraceEntry("agent-sessions", ("agent-sessions",), 996,
-                        "40 of the kv-cache-tester project's agent session traces"),
-    )
-}
-
-
-def known_names() -> list[str]:
-    """Every name :func:`load_trace` accepts (catalogue, local, synthetic and derived)."""
-    return [*CATALOG, *LOCAL_TRACES, *SYNTHETIC_NAMES, *DERIVED]
 
 
 def default_cache_dir() -> Path:
