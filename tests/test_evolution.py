@@ -166,6 +166,7 @@ def test_train_es_smoke_run_writes_a_loadable_policy(tmp_path: Path) -> None:
            "--episode-requests", "64", "--eval-windows", "2", "--eval-loads", "1.2",
            "--eval-baselines", "cb-sjf-work-shed", "--prior", "cb-sjf-work-shed",
            "--generations", "2", "--popsize", "2", "--windows", "2", "--validate-every", "1",
+           "--loss-weight", "0.5",  # (the start plays beside the candidates)
            "--no-progress-bar", "--output-dir", str(out)]
     subprocess.run(cmd, check=True, cwd=ROOT, env=env, timeout=300)
     for name in ("policy.zip", "config.json", "evaluation.json", "generations.csv", "best.json"):
@@ -186,9 +187,22 @@ def test_train_es_refuses_what_it_cannot_search() -> None:
 
     for argv in (["--popsize", "3"], ["--generations", "0"], ["--sigma", "0"],
                  ["--env-id", "cbgym/SchedulingMasked-v0"], ["--shed-weight", "1"],
-                 ["--ship"], ["--task", "prefix-conv-mooncake"]):  # no native prefix caching
+                 ["--ship"], ["--task", "prefix-conv-mooncake"],  # no native prefix caching
+                 ["--loss-weight", "-1"], ["--loss-weight", "nan"]):
         with pytest.raises(SystemExit):
             train_es.parse(argv)
+
+
+def test_loss_penalised_fitness_on_hand_made_numbers() -> None:
+    sys.path.insert(0, str(ROOT / "tools"))
+    import train_es
+
+    good = np.array([[10.0, 20.0, 30.0], [12.0, 12.0, 40.0]])
+    reference = np.array([11.0, 15.0, 30.0])
+    # candidate 0: mean 20, short by 1 on window 0; candidate 1: mean 64/3, short by 3 on window 1
+    assert train_es.loss_penalised(good, reference, 0.0) == pytest.approx([20.0, 64 / 3])
+    assert train_es.loss_penalised(good, reference, 2.0) == pytest.approx(
+        [20.0 - 2 / 3, 64 / 3 - 2.0])
 
 
 def test_train_es_asks_the_vector_env_what_it_lacks(capsys: pytest.CaptureFixture[str]) -> None:

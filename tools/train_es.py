@@ -55,6 +55,11 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, train.Args]:
     ap.add_argument("--max-episode-steps", type=int, default=20_000,
                     help="truncate a training episode after this many steps (a candidate "
                          "that holds every request idles the engine; it keeps what it served)")
+    ap.add_argument("--loss-weight", type=float, default=0.0, metavar="LAMBDA",
+                    help="fitness = mean goodput - LAMBDA x mean shortfall against the "
+                         "search's start (the heuristic when the run starts at the prior) on "
+                         "the same windows: a candidate pays for every window it loses, which "
+                         "is what a paired comparison's interval asks of it (0: mean goodput)")
     ap.add_argument("--time-budget-min", type=float, default=0.0,
                     help="stop after this many minutes (0: no limit)")
     ap.add_argument("--ship", action="store_true", help="ship the run as learned:<task>")
@@ -65,8 +70,10 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, train.Args]:
         ap.error(f"--popsize must be an even number >= 2, got {es.popsize}")
     if es.select_loads is not None and not all(x > 0 for x in es.select_loads):
         ap.error("--select-loads must be > 0")
-    if not es.sigma > 0 or es.max_episode_steps < 1 or es.time_budget_min < 0:
-        ap.error("--sigma must be > 0, --max-episode-steps >= 1, --time-budget-min >= 0")
+    if not es.sigma > 0 or es.max_episode_steps < 1 or es.time_budget_min < 0 \
+            or not es.loss_weight >= 0:
+        ap.error("--sigma must be > 0, --max-episode-steps >= 1, --time-budget-min >= 0, "
+                 "--loss-weight >= 0")
     if "--net-arch" not in rest:  # a small scorer: ES searches every actor parameter
         rest += ["--net-arch", "16"]
     args = train.parse_args(rest)
@@ -106,6 +113,12 @@ def default_prior(task: str) -> str:
         if ref.partition(":")[0] in PRIOR_POLICIES:
             return ref
     return PRIOR_POLICIES[0]
+
+
+def loss_penalised(good: np.ndarray, reference: np.ndarray, weight: float) -> np.ndarray:
+    """Each candidate's mean goodput (rows of ``good``, (P, W)) minus ``weight`` x its mean
+    shortfall against ``reference`` (W) on the same windows."""
+    return good.mean(axis=1) - weight * np.maximum(reference[None] - good, 0.0).mean(axis=1)
 
 
 def native_kwargs(kwargs: dict[str, Any], prefix_inputs: bool = False) -> dict[str, Any]:
@@ -149,7 +162,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     mu = measure_capacity(trace, engine)
     kwargs = native_kwargs(train.env_kwargs(args, trace, engine, mu), args.prefix_inputs)
     P, W = es.popsize, es.windows
-    venv = SchedulingVectorEnv(num_envs=P * W, max_episode_steps=es.max_episode_steps, **kwargs)
+    # with --loss-weight the start plays beside the candidates, on the same windows
+    venv = SchedulingVectorEnv(num_envs=(P + (es.loss_weight > 0)) * W,
+                               max_episode_steps=es.max_episode_steps, **kwargs)
     starts_v = train.eval_starts(args, trace)
     select = es.select_loads or args.eval_loads
     loads_v = np.repeat(np.asarray(select, float), len(starts_v))
@@ -161,11 +176,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                               make_sb3_vec_env(args.env_id, 1, seed=args.seed, **kwargs), out)
     population = Population(model.policy)
     rng = np.random.default_rng(args.seed)
+    x_start = population.get()
 
     def fitness(X: np.ndarray, generation: int) -> np.ndarray:
         starts, loads = draw_windows(rng, kwargs["window_start_range"], args.episode_requests,
                                      kwargs["load"], W)
-        return play(venv, population, X, starts, loads).mean(axis=1)
+        if not es.loss_weight:
+            return play(venv, population, X, starts, loads).mean(axis=1)
+        good = play(venv, population, np.vstack([X, x_start]), starts, loads)
+        return loss_penalised(good[:-1], good[-1], es.loss_weight)
 
     def validate(x: np.ndarray) -> float:
         return float(play(vval, population, x[None], starts_v, loads_v).mean())
