@@ -167,7 +167,7 @@ def test_keys_match_a_full_view_of_every_decision_point() -> None:
 
 # ---------------------------------------------------------------- privilege
 @pytest.mark.parametrize("name", ["oracle-sjf", "oracle-work", "oracle-srpt", "noisy-oracle",
-                                  "oracle-work-aging"])
+                                  "oracle-work-aging", "oracle-work-shed"])
 def test_oracles_refuse_without_the_privileged_channel(name: str) -> None:
     pol = make_policy(spec(name))
     with pytest.raises(ValueError, match="true output"):
@@ -194,7 +194,7 @@ def test_only_privileged_policies_receive_true_outputs() -> None:
     assert {n for n in POLICIES if POLICIES[n].privileged} == {
         "oracle-sjf", "oracle-work", "oracle-srpt", "noisy-oracle", "noisy-oracle-work",
         "oracle-sjf-aging", "oracle-work-aging", "noisy-oracle-aging", "noisy-oracle-work-aging",
-        "oracle-work-uncached"}
+        "oracle-work-uncached", "oracle-work-shed"}
 
 
 # ---------------------------------------------------------------- determinism and noise

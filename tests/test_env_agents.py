@@ -27,7 +27,8 @@ AGING_WEIGHT = "0.5"
 # (priority: its victims are the largest (priority, arrival), which the env's EnvAgent, made
 # for key policies with vLLM's default victims, does not play; vtc, drr, wfq: their order
 # depends on what each tenant has received, no key of a request's own)
-FAST_PATH_ONLY = {"random", "oracle-srpt", "slo-edf", "cb-sjf-work-shed", "learned", "priority",
+FAST_PATH_ONLY = {"random", "oracle-srpt", "slo-edf", "cb-sjf-work-shed", "oracle-work-shed",
+                  "learned", "priority",
                   "vtc", "drr", "wfq", "token-bucket", "strict-tiers", "least-slack",
                   # need a trained predictor and arrival_features: test_predictor.py
                   "sjf-pred", "sjf-pred-aging", "cb-sjf-work-pred", "cb-sjf-work-pred-aging"}

@@ -57,6 +57,24 @@ def test_cb_sjf_work_shed_orders_as_cb_sjf_work_and_sheds_the_unreachable() -> N
     assert a["first_scheduled_s"].equals(b["first_scheduled_s"])
 
 
+def test_oracle_work_shed_orders_by_true_work_and_sheds_as_the_content_blind_rule() -> None:
+    tr = overload()
+    slo = SLO(ttft_s=1.0, tpot_s=0.2)
+    req = simulate(tr, "oracle-work-shed:12", PAPER, load=1.6, slo=slo).requests
+    shed = req[req["status"] == "shed"]
+    assert len(shed) > 0 and (shed["reason"] == "slo_unreachable").all()
+    fixed, per_token = shed_lead("unreachable", PAPER)
+    waited = shed["finish_s"] - shed["arrival_s"]
+    assert (waited + fixed + per_token * shed["prompt_tokens"] > slo.ttft_s).all()
+    pol = make_policy("oracle-work-shed:12")
+    assert pol.privileged and pol.label == "oracle-work-shed:12"
+    # with nothing to shed and no cap it is oracle-work, request for request
+    loose = SLO(ttft_s=1e6, tpot_s=1e6)
+    a = simulate(tr, "oracle-work-shed", PAPER, load=0.9, slo=loose).requests
+    b = simulate(tr, "oracle-work", PAPER, load=0.9, slo=loose).requests
+    assert a["first_scheduled_s"].equals(b["first_scheduled_s"])
+
+
 def test_tighter_slo_classes_are_admitted_first() -> None:
     tr = overload(classes=True)
     slo = {0: SLO(ttft_s=0.5, tpot_s=0.2), 1: SLO(ttft_s=30.0, tpot_s=0.2)}

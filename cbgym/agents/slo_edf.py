@@ -4,6 +4,8 @@
 * ``cb-sjf-work-shed``: CB-SJF-Work's order, shedding the unreachable (the strongest
   content-blind rule on the overloaded tasks: short requests first, nothing spent on lost
   ones).
+* ``oracle-work-shed``: the same rule ordered by the true work (privileged): what knowing
+  every output length would add to it.
 
 A waiting request is unreachable once it can no longer meet its TTFT target even if admitted
 at once: it has no first token yet and waited + its own prefill at the engine's linearised
@@ -15,7 +17,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from cbgym.agents.base import QueueView
 from cbgym.agents.cb_sjf_work import CBSJFWork
+from cbgym.agents.oracles import _true_output
 from cbgym.agents.params import parse_float
 from cbgym.agents.work import shed_lead
 from cbgym.engine.decision import Decision, DecisionPoint, Policy, PolicyContext
@@ -129,3 +133,20 @@ class CBSJFWorkShed(ShedUnreachable, CBSJFWork):
             return super().decide(dp)
         keys = np.asarray(self.keys(self.view(dp)), dtype=np.float64)
         return self.ordered(dp, keys, self.cap - len(dp.running) if self.cap else None)
+
+
+class OracleWorkShed(CBSJFWorkShed):
+    """``cb-sjf-work-shed[:CAP]`` with the true work ``c_f + c_p x + c_d y`` as its key:
+    the same shedding and the same cap, the order of ``oracle-work``. Privileged.
+
+    A headroom reference: how much of the goodput the content-blind rule leaves is a matter
+    of not knowing output lengths. ``oracle-work`` alone never sheds, so past saturation it
+    trails the content-blind rule and bounds nothing (docs/benchmark.md).
+    """
+
+    name = "oracle-work-shed"
+    privileged = True
+    uses_output_stats = False
+
+    def keys(self, view: QueueView) -> np.ndarray:
+        return self.coef.work(view.prompt_tokens, _true_output(view))
