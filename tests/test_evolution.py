@@ -18,7 +18,7 @@ pytest.importorskip("stable_baselines3")
 pytest.importorskip("cma")
 
 import cbgym  # noqa: E402
-from cbgym.agents.evolution import Population, draw_windows, play  # noqa: E402
+from cbgym.agents.evolution import CAP_MODULES, Population, draw_windows, play  # noqa: E402
 from cbgym.agents.learned import LearnedPolicy  # noqa: E402
 from cbgym.engine import EngineConfig, LinearCostModel  # noqa: E402
 from cbgym.env.vector import SchedulingVectorEnv  # noqa: E402
@@ -82,6 +82,23 @@ def test_batched_scores_are_each_vectors_deterministic_action(model) -> None:
         np.testing.assert_allclose(batched[2 * p: 2 * p + 2], action, atol=1e-6)
     pop.set(x0)
     np.testing.assert_array_equal(pop.get(), x0)
+
+
+def test_a_cap_search_moves_the_cap_score_alone(model) -> None:
+    full, cap = Population(model.policy), Population(model.policy, CAP_MODULES)
+    assert cap.dim < full.dim and all(n.split(".")[0] in CAP_MODULES for n in cap.names)
+    venv = SchedulingVectorEnv(num_envs=6, **_kwargs())
+    obs, _ = venv.reset(seed=3)
+    for _ in range(20):
+        obs, *_ = venv.step(venv.action_space.sample() * 0.5)
+    start = full.scores(full.get()[None], obs)  # (one vector for the 6 envs)
+    moved = cap.scores(_vectors(cap, 3), obs)
+    # the slot scores' output layers are zero at the prior: the order and the victims stay
+    # the prior's, the cap's score (the last) moves
+    np.testing.assert_array_equal(moved[:, :-1], start[:, :-1])
+    assert not np.allclose(moved[:, -1], start[:, -1])
+    with pytest.raises(ValueError, match="modules"):
+        Population(model.policy, ("critic",))
 
 
 def test_set_writes_the_actor_and_leaves_the_critic(model) -> None:
@@ -188,7 +205,8 @@ def test_train_es_refuses_what_it_cannot_search() -> None:
     for argv in (["--popsize", "3"], ["--generations", "0"], ["--sigma", "0"],
                  ["--env-id", "cbgym/SchedulingMasked-v0"], ["--shed-weight", "1"],
                  ["--ship"], ["--task", "prefix-conv-mooncake"],  # no native prefix caching
-                 ["--loss-weight", "-1"], ["--loss-weight", "nan"]):
+                 ["--loss-weight", "-1"], ["--loss-weight", "nan"],
+                 ["--search", "cap"]):  # no cap score without a task's env or --admission-cap
         with pytest.raises(SystemExit):
             train_es.parse(argv)
 

@@ -60,6 +60,10 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, train.Args]:
                          "search's start (the heuristic when the run starts at the prior) on "
                          "the same windows: a candidate pays for every window it loses, which "
                          "is what a paired comparison's interval asks of it (0: mean goodput)")
+    ap.add_argument("--search", choices=("all", "cap"), default="all",
+                    help="which parameters move: all of the actor's, or only what the running "
+                         "cap's score reads (cbgym.agents.evolution.CAP_MODULES): the order "
+                         "and the victims then stay the prior's")
     ap.add_argument("--time-budget-min", type=float, default=0.0,
                     help="stop after this many minutes (0: no limit)")
     ap.add_argument("--ship", action="store_true", help="ship the run as learned:<task>")
@@ -97,6 +101,9 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, train.Args]:
                     "leaves prefix_features out)" if "prefix" in lack else "")
             ap.error(f"--task {args.task}: the search plays the native vector env, which has "
                      f"{lack} yet{hint}")
+    if es.search == "cap" and not args.admission_cap:
+        ap.error("--search cap: the env has no running-cap score (a task's env has one; "
+                 "else --admission-cap)")
     if not args.prior:
         args = dataclasses.replace(args, prior=default_prior(args.task))
     if es.ship and not args.task:
@@ -140,6 +147,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     import torch
 
     from cbgym.agents.evolution import (
+        ACTOR_MODULES,
+        CAP_MODULES,
         GenerationLog,
         Population,
         Searched,
@@ -174,7 +183,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     # (PPO's rollout settings are unused: one env, and a batch its buffer holds)
     model = train.build_model(dataclasses.replace(args, batch_size=args.n_steps),
                               make_sb3_vec_env(args.env_id, 1, seed=args.seed, **kwargs), out)
-    population = Population(model.policy)
+    population = Population(model.policy, CAP_MODULES if es.search == "cap" else ACTOR_MODULES)
     rng = np.random.default_rng(args.seed)
     x_start = population.get()
 

@@ -43,11 +43,14 @@ import torch as th
 from torch import nn
 from torch.func import functional_call, vmap
 
-__all__ = ["ACTOR_MODULES", "GenerationLog", "Population", "Searched", "draw_windows", "play",
-           "search"]
+__all__ = ["ACTOR_MODULES", "CAP_MODULES", "GenerationLog", "Population", "Searched",
+           "draw_windows", "play", "search"]
 
 # the SlotScorer modules that make the scores (its critic is not part of the policy that acts)
 ACTOR_MODULES = ("batch_pool", "context", "waiting_head", "running_head", "stop_head")
+# what the running cap's score reads: the context (global features, the batch's summary) and
+# its own head
+CAP_MODULES = ("batch_pool", "context", "stop_head")
 
 
 class _Network(nn.Module):
@@ -73,6 +76,9 @@ class Population:
             ``action_net`` is the identity, so the actor's output is the mean), or a
             MaskablePPO ``MultiInputPolicy`` (a router of ``cbgym/Cluster-v0``: its most likely
             allowed route is the deterministic action).
+        modules: a slot scorer's modules whose parameters are searched (the others keep
+            their values): :data:`CAP_MODULES` searches the running cap alone, the order and
+            the victims staying the prior's (the score heads' output layers start at zero).
 
     A vector holds the actor's parameters in ``named_parameters`` order: the slot scorer's
     :data:`ACTOR_MODULES`, or the router's ``mlp_extractor.policy_net`` and ``action_net``.
@@ -81,17 +87,23 @@ class Population:
     the route logits.
     """
 
-    def __init__(self, policy: Any) -> None:
+    def __init__(self, policy: Any, modules: tuple[str, ...] = ACTOR_MODULES) -> None:
         from cbgym.agents.slot_net import SlotScorer
 
         self.discrete = hasattr(policy.action_space, "n")
         slot = isinstance(policy.mlp_extractor, SlotScorer)
+        if set(modules) - set(ACTOR_MODULES) or not modules:
+            raise ValueError(f"Population: modules must be among {ACTOR_MODULES}, got "
+                             f"{modules}")
         if slot and not self.discrete:
             root: nn.Module = policy.mlp_extractor
             self.names = [n for n, _ in root.named_parameters()
-                          if n.split(".")[0] in ACTOR_MODULES]
+                          if n.split(".")[0] in modules]
             self.prior = policy.mlp_extractor.prior
         elif self.discrete and not slot and hasattr(policy.mlp_extractor, "policy_net"):
+            if modules != ACTOR_MODULES:
+                raise ValueError("Population: modules choose among a slot scorer's; a router "
+                                 "searches its whole actor")
             root = policy
             self.names = [n for n, _ in root.named_parameters()
                           if n.startswith(("mlp_extractor.policy_net.", "action_net."))]
@@ -99,6 +111,8 @@ class Population:
         else:
             raise TypeError("Population: expected a PPO SlotPolicy (cbgym.agents.slot_net) or "
                             "a MaskablePPO MultiInputPolicy (a router)")
+        if not self.names:
+            raise ValueError(f"Population: the policy has none of the modules {modules}")
         self.policy, self.root = policy, root
         params = dict(root.named_parameters())
         self.shapes = [tuple(params[n].shape) for n in self.names]
