@@ -205,7 +205,8 @@ def test_train_es_refuses_what_it_cannot_search() -> None:
     for argv in (["--popsize", "3"], ["--generations", "0"], ["--sigma", "0"],
                  ["--env-id", "cbgym/SchedulingMasked-v0"], ["--shed-weight", "1"],
                  ["--ship"], ["--task", "prefix-conv-mooncake"],  # no native prefix caching
-                 ["--loss-weight", "-1"], ["--loss-weight", "nan"],
+                 ["--loss-weight", "-1"], ["--loss-weight", "nan"], ["--loss-weight", "inf"],
+                 ["--search", "cap", "--task", "code-vllm-bursty", "--resume-from", "m.zip"],
                  ["--search", "cap"]):  # no cap score without a task's env or --admission-cap
         with pytest.raises(SystemExit):
             train_es.parse(argv)
@@ -221,6 +222,8 @@ def test_loss_penalised_fitness_on_hand_made_numbers() -> None:
     assert train_es.loss_penalised(good, reference, 0.0) == pytest.approx([20.0, 64 / 3])
     assert train_es.loss_penalised(good, reference, 2.0) == pytest.approx(
         [20.0 - 2 / 3, 64 / 3 - 2.0])
+    with pytest.raises(ValueError, match="W references"):
+        train_es.loss_penalised(good, reference[:2], 1.0)
 
 
 def test_train_es_asks_the_vector_env_what_it_lacks(capsys: pytest.CaptureFixture[str]) -> None:

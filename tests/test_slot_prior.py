@@ -43,6 +43,26 @@ def test_the_prior_alone_plays_the_heuristic_request_for_request() -> None:
         np.testing.assert_array_equal(played[col].to_numpy(), fast[col].to_numpy(), err_msg=col)
 
 
+def test_the_fit_prior_alone_plays_cb_sjf_work_fit_request_for_request() -> None:
+    """The same for cb-sjf-work-fit: its held requests (the batch would make one of them miss
+    the TTFT target) included."""
+    env = overload_env(K=64)
+    prior = _prior(env, "cb-sjf-work-fit:6")
+    obs, _ = env.reset(seed=0)
+    done, held = False, 0
+    while not done:
+        scores = np.clip(as_numpy(prior, obs), -1.0, 1.0)
+        held += int(np.sum((scores[: env.K] > -0.99) & (scores[: env.K] < env.hold_threshold)))
+        obs, _, te, tr, _ = env.step(scores)
+        done = te or tr
+    played = env.episode_result().requests
+    fast = cbgym.simulate(env.episode_trace, "cb-sjf-work-fit:6", engine=env.config,
+                          slo=env.slo).requests
+    assert held > 0 and (played["status"] == "shed").sum() > 0
+    for col in ("first_scheduled_s", "finish_s", "status"):
+        np.testing.assert_array_equal(played[col].to_numpy(), fast[col].to_numpy(), err_msg=col)
+
+
 def test_a_policy_with_a_prior_starts_as_the_prior_and_saves_it(tmp_path) -> None:
     import torch as th
     from stable_baselines3 import PPO
@@ -68,7 +88,7 @@ def test_a_policy_with_a_prior_starts_as_the_prior_and_saves_it(tmp_path) -> Non
 
 def test_a_prior_names_what_it_cannot_play() -> None:
     env = overload_env()
-    with pytest.raises(ValueError, match="expected one of cb-sjf-work-shed"):
+    with pytest.raises(ValueError, match="expected one of cb-sjf-work-shed, cb-sjf-work-fit"):
         prior_spec("fcfs", env.config, env.slo, -0.5, True)
     with pytest.raises(ValueError, match="needs the env's cap score"):
         prior_spec("cb-sjf-work-shed:4", env.config, env.slo, -0.5, False)

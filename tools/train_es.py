@@ -59,7 +59,8 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, train.Args]:
                     help="fitness = mean goodput - LAMBDA x mean shortfall against the "
                          "search's start (the heuristic when the run starts at the prior) on "
                          "the same windows: a candidate pays for every window it loses, which "
-                         "is what a paired comparison's interval asks of it (0: mean goodput)")
+                         "is what a paired comparison's interval asks of it (0: mean goodput; "
+                         "generations.csv's goodput_* columns then hold this fitness)")
     ap.add_argument("--search", choices=("all", "cap"), default="all",
                     help="which parameters move: all of the actor's, or only what the running "
                          "cap's score reads (cbgym.agents.evolution.CAP_MODULES): the order "
@@ -75,9 +76,9 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, train.Args]:
     if es.select_loads is not None and not all(x > 0 for x in es.select_loads):
         ap.error("--select-loads must be > 0")
     if not es.sigma > 0 or es.max_episode_steps < 1 or es.time_budget_min < 0 \
-            or not es.loss_weight >= 0:
+            or not 0 <= es.loss_weight < float("inf"):
         ap.error("--sigma must be > 0, --max-episode-steps >= 1, --time-budget-min >= 0, "
-                 "--loss-weight >= 0")
+                 "--loss-weight finite and >= 0")
     if "--net-arch" not in rest:  # a small scorer: ES searches every actor parameter
         rest += ["--net-arch", "16"]
     args = train.parse_args(rest)
@@ -104,6 +105,10 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, train.Args]:
     if es.search == "cap" and not args.admission_cap:
         ap.error("--search cap: the env has no running-cap score (a task's env has one; "
                  "else --admission-cap)")
+    if es.search == "cap" and args.resume_from:
+        # the context feeds the slot heads too: only their zero output layers (a fresh
+        # prior's) keep the order and the victims the prior's
+        ap.error("--search cap starts from the prior: not with --resume-from")
     if not args.prior:
         args = dataclasses.replace(args, prior=default_prior(args.task))
     if es.ship and not args.task:
@@ -125,6 +130,9 @@ def default_prior(task: str) -> str:
 def loss_penalised(good: np.ndarray, reference: np.ndarray, weight: float) -> np.ndarray:
     """Each candidate's mean goodput (rows of ``good``, (P, W)) minus ``weight`` x its mean
     shortfall against ``reference`` (W) on the same windows."""
+    if good.ndim != 2 or np.shape(reference) != (good.shape[1],):
+        raise ValueError(f"loss_penalised: expected (P, W) goodput and W references, got "
+                         f"{good.shape} and {np.shape(reference)}")
     return good.mean(axis=1) - weight * np.maximum(reference[None] - good, 0.0).mean(axis=1)
 
 

@@ -52,7 +52,8 @@ ES = {"tenants-noisy-neighbour": ["--generations", "100"],
 
 def imitated(task: str) -> str:
     """The heuristic a task's policy starts from: its tuned reference, or cb-sjf-work-shed
-    (the best content-blind reference on every task's validation windows)."""
+    (the rule the shipped policies were searched from; cb-sjf-work-fit, added since, is
+    stronger on the study engine's tasks: docs/benchmark.md)."""
     refs = get(task).references
     return refs[0] if refs else "cb-sjf-work-shed"
 

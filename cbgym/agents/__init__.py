@@ -26,7 +26,8 @@ token-bucket           FCFS, each tenant's prompts rate-limited by a token bucke
 strict-tiers           the interactive SLO class first, evicting the lower tier    no
 least-slack            the earliest TTFT deadline (arrival + its class's target)   no
 cb-sjf-work-shed[:CAP] cb-sjf-work; sheds as slo-edf; at most CAP running          no
-oracle-work-shed[:CAP] the same, ordered as oracle-work (headroom reference)        yes
+cb-sjf-work-fit[:CAP]  the same; admits only what meets TTFT with its batch        no
+oracle-work-shed[:CAP] cb-sjf-work-shed in oracle-work order (headroom)            yes
 learned[:NAME|PATH]    a trained SB3 model (default: the shipped checkpoint)       no
 =====================  ==========================================================  ==========
 """
@@ -58,7 +59,12 @@ from cbgym.agents.prefix import PREFIX_POLICIES
 from cbgym.agents.priority import Priority
 from cbgym.agents.random_order import RandomOrder
 from cbgym.agents.sjf_ctx import SJFCtx
-from cbgym.agents.slo_edf import CBSJFWorkShed, OracleWorkShed, SLOEarliestDeadline
+from cbgym.agents.slo_edf import (
+    CBSJFWorkFit,
+    CBSJFWorkShed,
+    OracleWorkShed,
+    SLOEarliestDeadline,
+)
 from cbgym.agents.tiers import LeastSlack, StrictTiers
 from cbgym.agents.token_bucket import TokenBucket
 from cbgym.agents.vtc import VTC
@@ -68,7 +74,7 @@ POLICIES: dict[str, type[Policy]] = {
     cls.name: cls
     for cls in (FCFS, SJFCtx, CBSJFWork, LJFWork, RandomOrder, OracleSJF, OracleWork,
                 OracleSRPT, NoisyOracle, NoisyOracleWork, SJFPred, CBSJFWorkPred, *AGING_POLICIES,
-                SLOEarliestDeadline, CBSJFWorkShed, OracleWorkShed,
+                SLOEarliestDeadline, CBSJFWorkShed, CBSJFWorkFit, OracleWorkShed,
                 Priority, StrictTiers, LeastSlack, VTC, DRR, WFQ, TokenBucket,
                 LearnedPolicy, *PREFIX_POLICIES)
 }

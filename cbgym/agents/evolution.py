@@ -80,8 +80,9 @@ class Population:
             their values): :data:`CAP_MODULES` searches the running cap alone, the order and
             the victims staying the prior's (the score heads' output layers start at zero).
 
-    A vector holds the actor's parameters in ``named_parameters`` order: the slot scorer's
-    :data:`ACTOR_MODULES`, or the router's ``mlp_extractor.policy_net`` and ``action_net``.
+    A vector holds the actor's parameters in ``named_parameters`` order: those of the slot
+    scorer's ``modules`` (default :data:`ACTOR_MODULES`), or the router's
+    ``mlp_extractor.policy_net`` and ``action_net``.
     :meth:`scores` computes, for P vectors at once, what ``policy.predict(obs,
     deterministic=True)`` decides from: the mean scores with the prior, clipped to [-1, 1], or
     the route logits.
@@ -101,7 +102,7 @@ class Population:
                           if n.split(".")[0] in modules]
             self.prior = policy.mlp_extractor.prior
         elif self.discrete and not slot and hasattr(policy.mlp_extractor, "policy_net"):
-            if modules != ACTOR_MODULES:
+            if set(modules) != set(ACTOR_MODULES):
                 raise ValueError("Population: modules choose among a slot scorer's; a router "
                                  "searches its whole actor")
             root = policy

@@ -7,8 +7,9 @@ policy learning (Silver et al., 2018, "Residual Policy Learning"; Johannink et a
 "Residual Reinforcement Learning for Robot Control"). ``train.py --prior cb-sjf-work-shed:28``
 builds it.
 
-The prior is ``cb-sjf-work-shed[:CAP]`` (:class:`cbgym.agents.slo_edf.CBSJFWorkShed`) written
-as a function of the observation alone, so it reads nothing the env does not show:
+The prior is ``cb-sjf-work-shed[:CAP]`` (:class:`cbgym.agents.slo_edf.CBSJFWorkShed`) or
+``cb-sjf-work-fit[:CAP]`` (:class:`~cbgym.agents.slo_edf.CBSJFWorkFit`) written as a function
+of the observation alone, so it reads nothing the env does not show:
 
 | slot / score    | prior                                                                    |
 |-----------------|--------------------------------------------------------------------------|
@@ -18,6 +19,9 @@ as a function of the observation alone, so it reads nothing the env does not sho
 |                 | and ``lo`` just above the hold threshold: falls with k, never held       |
 | unreachable     | -1.5 (at or below any shed threshold; shed by the env's own rule): no    |
 |                 | first token and waited + ``c_f`` + ``c_p x`` > its class's TTFT target    |
+| not fitting     | ``cb-sjf-work-fit`` only: hold - 0.05 (held) for a reachable request     |
+|                 | its rule leaves out of the batch (the batch's shared prefill would make  |
+|                 | one of them miss its target)                                             |
 | running slot j  | ``1 - 2 j / R``: vLLM's victims, the most recently admitted first        |
 | running cap     | the score whose cap is CAP (1 without one)                               |
 | empty slot      | 0                                                                        |
@@ -31,6 +35,7 @@ holds them.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -54,7 +59,7 @@ from cbgym.metrics import SLO, SLOSpec
 
 __all__ = ["PRIOR_POLICIES", "HeuristicPrior", "PriorSpec", "prior_spec"]
 
-PRIOR_POLICIES = ("cb-sjf-work-shed",)
+PRIOR_POLICIES = ("cb-sjf-work-shed", "cb-sjf-work-fit")
 UNREACHABLE_SCORE = -1.5  # past the range on purpose: SB3 clips, so exploration noise never
 # lifts a shed above a -0.99 threshold
 _KEY_SCALE_S = 1.0  # keys of 10 ms to 100 s stay apart in float32
@@ -146,6 +151,10 @@ class HeuristicPrior(nn.Module):
         super().__init__()
         self.spec, self.slices, self.K, self.R, self.F = spec, dict(slices), K, R, F
         self.lo = spec.hold + 0.05 * (1.0 - spec.hold)
+        # cb-sjf-work-fit holds a reachable request its batch would make miss: below the hold
+        # threshold (held; the env sheds only unreachable requests, whatever their score)
+        self.fit = spec.policy.partition(":")[0] == "cb-sjf-work-fit"
+        self.held = spec.hold - 0.05
         self.register_buffer("edges", th.as_tensor(OUTPUT_STAT_EDGES, dtype=th.float64),
                              persistent=False)
         self.register_buffer("ttft", th.as_tensor(spec.ttft_s, dtype=th.float64),
@@ -174,11 +183,37 @@ class HeuristicPrior(nn.Module):
         cls = _count(slots[..., _CLASS]).long().clamp(0, len(self.spec.ttft_s) - 1)
         a, b = self.spec.lead
         lost = (generated == 0) & (waited + a + b * prompt > self.ttft[cls])
+        if self.fit:
+            spare = th.where(generated == 0, self.ttft[cls] - waited,
+                             th.full_like(waited, math.inf))
+            fits = self._fits(key, (mask > 0.5) & ~lost, prompt + generated, spare)
+            score = th.where(fits, score, th.full_like(score, self.held))
         waiting = th.where(lost, th.full_like(score, UNREACHABLE_SCORE), score) * mask
         out = [waiting.float(), self.running * features[:, s["running_mask"]]]
         if self.spec.cap_score is not None:
             out.append(features.new_full((features.shape[0], 1), self.spec.cap_score))
         return th.cat(out, dim=1)
+
+    def _fits(self, key: th.Tensor, candidate: th.Tensor, tokens: th.Tensor, spare: th.Tensor
+              ) -> th.Tensor:
+        """cb-sjf-work-fit's batch (:class:`cbgym.agents.slo_edf.CBSJFWorkFit`): going down
+        the candidates by key (ties in slot order, the queue's), each joins while the shared
+        prefill ``a + b (tokens so far + its own)`` stays within the least time to spare of
+        the batch and its own. (Its cap is the env's cap score, applied to this order.)"""
+        a, b = self.spec.lead
+        order = th.sort(th.where(candidate, key, th.full_like(key, math.inf)), dim=1,
+                        stable=True).indices
+        cand, tok = th.gather(candidate, 1, order), th.gather(tokens, 1, order)
+        spare = th.gather(spare, 1, order)
+        total = th.zeros_like(key[:, 0])
+        least = th.full_like(total, math.inf)
+        taken = th.zeros_like(cand)
+        for i in range(self.K):  # sequential by nature: who fits depends on who joined
+            t, m = total + tok[:, i], th.minimum(least, spare[:, i])
+            ok = cand[:, i] & (a + b * t <= m)
+            taken[:, i] = ok
+            total, least = th.where(ok, t, total), th.where(ok, m, least)
+        return th.zeros_like(taken).scatter(1, order, taken)
 
 
 def as_numpy(prior: HeuristicPrior, obs: Mapping[str, np.ndarray]) -> np.ndarray:

@@ -34,7 +34,7 @@ __all__ = ["REFERENCES", "Evaluation", "evaluate", "play_windows"]
 
 # the baselines every task is scored against; the best of them is the normalizing reference
 REFERENCES = ("fcfs", "sjf-ctx", "cb-sjf-work", "cb-sjf-work-aging:0.5", "slo-edf",
-              "cb-sjf-work-shed", "oracle-work", "oracle-sjf")
+              "cb-sjf-work-shed", "cb-sjf-work-fit", "oracle-work", "oracle-sjf")
 RANDOM = "random actions"
 
 

@@ -136,7 +136,7 @@ TASKS: Mapping[str, Task] = MappingProxyType({task.name: task for task in (
          "admission order (and dropping requests already late) decides the goodput.",
          trace="azure-conv-2023", engine="cbsjf-paper", train_load=(1.3, 1.9),
          test_load=1.6, slo=SLO(ttft_s=2.0, tpot_s=0.1), env=TASK_ENV,
-         references=("cb-sjf-work-shed:28",)),
+         references=("cb-sjf-work-shed:28", "cb-sjf-work-fit:32")),
     Task("code-vllm-overload",
          "Code requests (long prompts) on a vLLM-style engine (chunked prefill, paged KV "
          "cache) past saturation, with targets long prompts can meet.",
@@ -148,7 +148,7 @@ TASKS: Mapping[str, Task] = MappingProxyType({task.name: task for task in (
          "(inter-arrival CV 13) overload the engine for seconds at a time.",
          trace="azure-code-2023", engine="llama-2-7b/a100-80gb", train_load=(0.6, 1.0),
          test_load=0.8, slo=SLO(ttft_s=3.0, tpot_s=0.1), env=TASK_ENV,
-         references=("cb-sjf-work-shed:10",), test_windows=5),
+         references=("cb-sjf-work-shed:10", "cb-sjf-work-fit:10"), test_windows=5),
     Task("conv-study-interactive",
          "Interactive targets (500 ms to the first token) on the study's engine past "
          "saturation: only prompts short enough, and admitted early enough, can meet them.",
@@ -166,7 +166,8 @@ TASKS: Mapping[str, Task] = MappingProxyType({task.name: task for task in (
          trace="tenants-conv-code-2023", engine="llama-3.1-8b/a100-80gb",
          train_load=(1.0, 1.4), test_load=1.2, slo=tier_slos(), episode_requests=1024,
          env={**TASK_ENV, "tenant_features": 2},
-         references=("cb-sjf-work-shed:24", "priority", "strict-tiers", "vtc", "drr", "wfq",
+         references=("cb-sjf-work-shed:24", "cb-sjf-work-fit:24", "priority", "strict-tiers",
+                     "vtc", "drr", "wfq",
                      "least-slack", "cb-sjf-work-slo-aging:0.05")),
     Task("prefix-conv-mooncake",
          "Kimi's conversation trace (12k-token prompts, block ids) past saturation on one "
