@@ -5,9 +5,10 @@
 Plays ``learned:<task>`` (or ``--policy``) and the reference on evenly spaced windows of each
 split at the task's test load, and prints the paired difference per split (95% interval over
 windows, wins / losses). The default reference is the task's first reference, else
-``cb-sjf-work-shed``: a fixed stand-in for the best content-blind heuristic, which it is on
-every single-instance task of docs/benchmark.md today (``cbgym evaluate`` finds the best on
-the test windows).
+``cb-sjf-work-shed``: the rule the shipped policies were searched from, and the best
+content-blind heuristic on every single-instance task until ``cb-sjf-work-fit`` (give
+``--reference cb-sjf-work-fit[:CAP]`` for it; ``cbgym evaluate`` finds the best on the test
+windows).
 
 The train windows are in-sample for a policy trained on them, so a gap that shrinks from train
 to validation to test reads as overfitting or as the trace changing over time. Windows overlap

@@ -192,9 +192,9 @@ class OracleWorkShed(CBSJFWorkShed):
     """``cb-sjf-work-shed[:CAP]`` with the true work ``c_f + c_p x + c_d y`` as its key:
     the same shedding and the same cap, the order of ``oracle-work``. Privileged.
 
-    A headroom reference: how much of the goodput the content-blind rule leaves is a matter
-    of not knowing output lengths. ``oracle-work`` alone never sheds, so past saturation it
-    trails the content-blind rule and bounds nothing (docs/benchmark.md).
+    A reference, not a bound: it shows what knowing output lengths adds to a shortest-work
+    order (other orders may do better; docs/benchmark.md). ``oracle-work`` alone never sheds,
+    so past saturation it trails the content-blind rule and tells nothing of that.
     """
 
     name = "oracle-work-shed"
