@@ -70,7 +70,8 @@ def test_cb_sjf_work_fit_admits_only_what_its_batch_lets_meet_the_target() -> No
     # batch it formed was expected to meet the target, so fewer served requests miss it
     served = {p: r.requests[r.requests["status"] == "finished"] for p, r in res.items()}
     late = {p: int((s["ttft_s"] > slo.ttft_s).sum()) for p, s in served.items()}
-    assert late["cb-sjf-work-fit"] < late["cb-sjf-work-shed"], late
+    # (the shared prefill is exact on the study's engine: none of fit's batches is late)
+    assert late["cb-sjf-work-fit"] == 0 < late["cb-sjf-work-shed"], late
     good = {p: r.summary()["slo_attainment"] for p, r in res.items()}
     assert good["cb-sjf-work-fit"] > good["cb-sjf-work-shed"], good
     # admissions share an iteration: the members of each admitted batch

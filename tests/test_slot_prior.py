@@ -43,11 +43,14 @@ def test_the_prior_alone_plays_the_heuristic_request_for_request() -> None:
         np.testing.assert_array_equal(played[col].to_numpy(), fast[col].to_numpy(), err_msg=col)
 
 
-def test_the_fit_prior_alone_plays_cb_sjf_work_fit_request_for_request() -> None:
+@pytest.mark.parametrize(("policy", "shed"), [("cb-sjf-work-fit:6", -0.51),
+                                              ("cb-sjf-work-fit", -0.99)])
+def test_the_fit_prior_alone_plays_cb_sjf_work_fit_request_for_request(policy: str,
+                                                                       shed: float) -> None:
     """The same for cb-sjf-work-fit: its held requests (the batch would make one of them miss
     the TTFT target) included."""
-    env = overload_env(K=64)
-    prior = _prior(env, "cb-sjf-work-fit:6")
+    env = overload_env(K=64, shed_threshold=shed)
+    prior = _prior(env, policy)
     obs, _ = env.reset(seed=0)
     done, held = False, 0
     while not done:
@@ -56,7 +59,7 @@ def test_the_fit_prior_alone_plays_cb_sjf_work_fit_request_for_request() -> None
         obs, _, te, tr, _ = env.step(scores)
         done = te or tr
     played = env.episode_result().requests
-    fast = cbgym.simulate(env.episode_trace, "cb-sjf-work-fit:6", engine=env.config,
+    fast = cbgym.simulate(env.episode_trace, policy, engine=env.config,
                           slo=env.slo).requests
     assert held > 0 and (played["status"] == "shed").sum() > 0
     for col in ("first_scheduled_s", "finish_s", "status"):

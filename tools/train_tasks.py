@@ -39,7 +39,8 @@ EXTRA = {"tenants-noisy-neighbour": ["--window-rule", "smallest_prompt"]}
 # the tasks whose shipped policy came from the direct search, and its settings there (its
 # validation beat the PPO recipe's on each: docs/benchmark.md, "Direct policy search")
 ES = {"tenants-noisy-neighbour": ["--generations", "100"],
-      "conv-study-overload": ["--generations", "150"],
+      "conv-study-overload": ["--prior", "cb-sjf-work-fit:32", "--generations", "60",
+                              "--time-budget-min", "40"],
       "conv-vllm-kv-pressure": ["--generations", "52", "--window-rule", "smallest_prompt"],
       "code-vllm-overload": ["--generations", "150", "--windows", "32", "--select-loads",
                              "1.1", "1.3", "1.5", "--window-rule", "smallest_prompt"],

@@ -161,7 +161,8 @@ def _checked(cls: object, name: str) -> type[Policy]:
 
 __all__ = [
     "POLICIES", "make_policy", "with_aging", "KeyPolicy", "QueueView", "FCFS", "SJFCtx",
-    "CBSJFWork", "CBSJFWorkShed", "LJFWork", "Priority", "VTC", "DRR", "WFQ",
+    "CBSJFWork", "CBSJFWorkShed", "CBSJFWorkFit", "OracleWorkShed", "LJFWork", "Priority",
+    "VTC", "DRR", "WFQ",
     "TokenBucket", "StrictTiers", "LeastSlack", "RandomOrder",
     "SLOEarliestDeadline", "SJFPred", "CBSJFWorkPred",
     "OracleSJF",

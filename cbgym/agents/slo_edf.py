@@ -150,9 +150,10 @@ class CBSJFWorkFit(CBSJFWorkShed):
     within the least time to spare (target minus waited) of the batch and of itself. Else it
     is held: a shorter request further down may still fit, and it is shed once unreachable.
     So capacity goes to requests that can still count, and a long prompt does not make the
-    whole admission miss. The first candidate always fits (it is reachable), so the engine
-    never idles with work it could do. Re-queued requests that already have a first token
-    have no TTFT to miss.
+    whole admission miss. The first candidate is always taken (it is reachable: it fits
+    alone, up to rounding, which must not idle the engine). Re-queued requests that already
+    have a first token have no TTFT to miss. The batch is formed as if the engine admits all
+    of it; one it cannot admit (KV memory) still counted against the others this iteration.
 
     The shared prefill is exact on the study's engine (``cbsjf-paper``), whose admission step
     prefills every admitted prompt at once. On vLLM's engines prefills are chunked within a
@@ -177,9 +178,9 @@ class CBSJFWorkFit(CBSJFWorkShed):
         take = np.zeros(len(cand), dtype=bool)
         total, least = 0.0, np.inf
         for i in range(len(cand)):
-            if room <= 0:
-                break
-            if a + b * (total + tokens[i]) <= min(least, spare[i]):
+            if room <= 0 or (take.any() and a + b * total >= least):
+                break  # (every request adds tokens: none further down can fit)
+            if not take.any() or a + b * (total + tokens[i]) <= min(least, spare[i]):
                 take[i] = True
                 total += tokens[i]
                 least = min(least, spare[i])

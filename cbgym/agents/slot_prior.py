@@ -28,9 +28,10 @@ of the observation alone, so it reads nothing the env does not show:
 
 Every quantity is decoded from the observation in float64: prompt and generated tokens exactly
 (count scaling), the output statistics exactly (power-of-two scaling), the time waited to
-float32's precision. Within the visible window the prior admits what the heuristic would, in
-its order (tested against the fast path); requests outside the window are held, as the env
-holds them.
+float32's precision (microseconds: a request within that of a threshold may be decided the
+other way, more often with ``cb-sjf-work-fit``, which compares more thresholds). Within the
+visible window the prior admits what the heuristic would, in its order (tested against the fast
+path); requests outside the window are held, as the env holds them.
 """
 
 from __future__ import annotations
@@ -208,9 +209,11 @@ class HeuristicPrior(nn.Module):
         total = th.zeros_like(key[:, 0])
         least = th.full_like(total, math.inf)
         taken = th.zeros_like(cand)
+        first = th.ones_like(cand[:, 0])  # nobody taken yet: the first candidate always is
         for i in range(self.K):  # sequential by nature: who fits depends on who joined
             t, m = total + tok[:, i], th.minimum(least, spare[:, i])
-            ok = cand[:, i] & (a + b * t <= m)
+            ok = cand[:, i] & (first | (a + b * t <= m))
+            first = first & ~ok
             taken[:, i] = ok
             total, least = th.where(ok, t, total), th.where(ok, m, least)
         return th.zeros_like(taken).scatter(1, order, taken)

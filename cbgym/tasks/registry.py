@@ -53,7 +53,8 @@ class Task:
             validation in [a, b), test in [b, 1).
         engine_args: further :class:`cbgym.EngineConfig` arguments (e.g. a KV capacity).
         references: task-specific reference policies, tuned on the validation windows
-            (``tools/tune_caps.py``: the capped ``cb-sjf-work-shed:CAP``), scored beside
+            (``tools/tune_caps.py``: the capped ``cb-sjf-work-shed:CAP`` and
+            ``cb-sjf-work-fit:CAP``), scored beside
             ``cbgym.tasks.evaluate.REFERENCES``.
         env: further :class:`cbgym.env.SchedulingEnv` arguments (K, R, thresholds, ...).
     """
