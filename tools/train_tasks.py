@@ -41,7 +41,9 @@ EXTRA = {"tenants-noisy-neighbour": ["--window-rule", "smallest_prompt"]}
 ES = {"tenants-noisy-neighbour": ["--generations", "100"],
       "conv-study-overload": ["--prior", "cb-sjf-work-fit:32", "--generations", "60",
                               "--time-budget-min", "40"],
-      "conv-vllm-kv-pressure": ["--generations", "52", "--window-rule", "smallest_prompt"],
+      # (its run stopped at the 28-minute budget after 55 generations; generation 30 chose)
+      "conv-vllm-kv-pressure": ["--prior", "cb-sjf-work-fit", "--generations", "55",
+                                "--window-rule", "smallest_prompt"],
       "code-vllm-overload": ["--generations", "150", "--windows", "32", "--select-loads",
                              "1.1", "1.3", "1.5", "--window-rule", "smallest_prompt"],
       "code-vllm-bursty": ["--generations", "100", "--windows", "32",
