@@ -18,6 +18,8 @@ cost > target
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from cbgym.agents.base import QueueView
@@ -164,29 +166,27 @@ class CBSJFWorkFit(CBSJFWorkShed):
     name = "cb-sjf-work-fit"
 
     def decide(self, dp: DecisionPoint) -> Decision:
-        waiting = dp.waiting
-        if len(waiting) == 0:
+        if len(dp.waiting) == 0:
             return super().decide(dp)
-        keys = np.asarray(self.keys(self.view(dp)), dtype=np.float64)
-        lost = unreachable(dp, self.ttft, self.lead)
-        cand = waiting[~lost][np.argsort(keys[~lost], kind="stable")]
+        # cb-sjf-work-shed's decision without its cap: the reachable by key, the rest shed
+        shed = self.ordered(dp, np.asarray(self.keys(self.view(dp)), dtype=np.float64))
+        cand = np.asarray(shed.order)
         room = self.cap - len(dp.running) if self.cap else len(cand)
         a, b = self.lead
         tokens = (dp.prompt_tokens[cand] + dp.num_generated[cand]).astype(np.float64)
         spare = np.where(dp.num_generated[cand] == 0,
                          self.ttft[cand] - (dp.now - dp.arrival_s[cand]), np.inf)
         take = np.zeros(len(cand), dtype=bool)
-        total, least = 0.0, np.inf
+        total, least, taken = 0.0, np.inf, 0
         for i in range(len(cand)):
-            if room <= 0 or (take.any() and a + b * total >= least):
+            if taken >= room or (taken and a + b * total >= least):
                 break  # (every request adds tokens: none further down can fit)
-            if not take.any() or a + b * (total + tokens[i]) <= min(least, spare[i]):
+            if not taken or a + b * (total + tokens[i]) <= min(least, spare[i]):
                 take[i] = True
                 total += tokens[i]
                 least = min(least, spare[i])
-                room -= 1
-        return Decision(order=cand[take], shed=waiting[lost].tolist(),
-                        shed_reason="slo_unreachable")
+                taken += 1
+        return replace(shed, order=cand[take])
 
 
 class OracleWorkShed(CBSJFWorkShed):
