@@ -67,6 +67,8 @@ class WindowDraws:
 
     def check(self, starting: np.ndarray) -> None:
         """Raise, before anything runs, if an env about to start has a window in error."""
+        if not self.errors:  # (the usual case: nothing to look up on the hot path)
+            return
         for i in np.flatnonzero(starting):
             if i in self.errors:
                 raise ValueError(self.errors[i])
