@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from pathlib import Path
+from types import ModuleType
 
 import numpy as np
 import pytest
@@ -56,3 +58,14 @@ def trace_dir() -> Path | None:
     """The real-trace directory from CBGYM_TRACE_DIR, if set and present."""
     d = os.environ.get("CBGYM_TRACE_DIR")
     return Path(d) if d and Path(d).is_dir() else None
+
+
+def load_script(relative: str) -> ModuleType:
+    """A script of the repository that is not a package module (``tools/...``,
+    ``traces/fetch.py``), imported from its file for its functions."""
+    path = Path(__file__).resolve().parents[1] / relative
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -4,25 +4,19 @@ local Ray (``tools/rllib_ppo.py``)."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
+
+from tests.conftest import load_script
 
 pytest.importorskip("ray.rllib")
 pytest.importorskip("torch")
-
-SCRIPT = Path(__file__).resolve().parents[1] / "tools" / "rllib_ppo.py"
 
 
 @pytest.fixture(scope="module")
 def rllib_ppo():  # type: ignore[no-untyped-def]
     import ray
 
-    spec = importlib.util.spec_from_file_location("rllib_ppo", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = load_script("tools/rllib_ppo.py")
     mod.init_ray(num_cpus=3)
     yield mod
     ray.shutdown()

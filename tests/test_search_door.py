@@ -4,9 +4,7 @@ residual that outweighs the rule's margin takes over."""
 
 from __future__ import annotations
 
-import importlib.util
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,16 +15,11 @@ from cbgym.cluster.config import ClusterConfig
 from cbgym.cluster.run import serve
 from cbgym.env.cluster_env import route_table
 from cbgym.workload.synthetic import synthetic_trace
-
-PATH = Path(__file__).resolve().parents[1] / "tools" / "search_door.py"
+from tests.conftest import load_script
 
 
 def _tool():  # type: ignore[no-untyped-def]
-    spec = importlib.util.spec_from_file_location("search_door", PATH)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("tools/search_door.py")
 
 
 def _weights(tool, cfg: ClusterConfig, seed: int = 0):  # type: ignore[no-untyped-def]

@@ -3,23 +3,15 @@ clone that fits both the rule's routes and, for PPO's first advantages, its valu
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import numpy as np
 import pytest
 
 from cbgym.env.cluster_env import ClusterEnv
-
-PATH = Path(__file__).resolve().parents[1] / "tools" / "train_router.py"
+from tests.conftest import load_script
 
 
 def _tool():  # type: ignore[no-untyped-def]
-    spec = importlib.util.spec_from_file_location("train_router", PATH)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("tools/train_router.py")
 
 
 def test_demonstrations_carry_each_episodes_discounted_returns() -> None:

@@ -3,14 +3,13 @@ windows, on a local Ray."""
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
 
-pytest.importorskip("ray.tune")
+from tests.conftest import load_script
 
-PATH = Path(__file__).resolve().parents[1] / "tools" / "tune_aging.py"
+pytest.importorskip("ray.tune")
 
 
 def test_tune_example_runs_a_two_point_sweep(tmp_path: Path) -> None:
@@ -24,10 +23,7 @@ def test_tune_example_runs_a_two_point_sweep(tmp_path: Path) -> None:
         load_trace("azure-conv-2023", download=False)
     except TraceNotFoundError:
         pytest.skip("azure-conv-2023 is not available here (CBGYM_TRACE_DIR)")
-    spec = importlib.util.spec_from_file_location("tune_aging", PATH)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = load_script("tools/tune_aging.py")
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         grid = mod.sweep("conv-study-overload", [0.5, 2.0], references=["slo-edf"],

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import importlib.util
 import io
 import json
 import os
@@ -23,6 +22,7 @@ from cbgym.workload.catalog import (
     default_cache_dir,
     load_trace,
 )
+from tests.conftest import load_script
 
 REPO = Path(__file__).resolve().parents[1]
 REAL_TRACE_DIR = os.environ.get("CBGYM_TRACE_DIR")
@@ -238,11 +238,7 @@ def test_catalog_entries_are_well_formed() -> None:
 
 
 def load_fetch_cli() -> Callable[[list[str]], int]:
-    spec = importlib.util.spec_from_file_location("fetch", REPO / "traces" / "fetch.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.main
+    return load_script("traces/fetch.py").main
 
 
 def test_fetch_cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,

@@ -1,7 +1,7 @@
 """The scheduling environment's observation: content-blind, bounded, float32.
 
 This module describes it (features, scalings, spaces) and decodes it; the one encoder is
-compiled, :func:`cbgym.env.kernel_ops.observe`.
+compiled, :func:`cbgym.env.kernel_obs.observe`.
 
 The observation is a flat ``spaces.Dict`` of 1-D float32 boxes (stable-baselines3 warns on 2-D
 per-slot boxes and nested dicts):

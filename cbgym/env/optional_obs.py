@@ -1,5 +1,5 @@
 """The scheduling env's optional observation keys, each written in Python beside the compiled
-encoder (:func:`cbgym.env.kernel_ops.observe`), which writes the rest:
+encoder (:func:`cbgym.env.kernel_obs.observe`), which writes the rest:
 
 | Argument | Key | Module |
 |---|---|---|

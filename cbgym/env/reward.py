@@ -1,6 +1,6 @@
 """Reward: goodput per step, plus optional shaping terms reported separately.
 
-The one implementation is compiled (:func:`cbgym.env.kernel_ops.reward`: incremental, a step
+The one implementation is compiled (:func:`cbgym.env.kernel_obs.reward`: incremental, a step
 costs what changed in it); this module defines the components and their weights.
 
 Components (``info["reward_components"]``, the same keys every step, signed as they enter the
