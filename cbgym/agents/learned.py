@@ -5,10 +5,10 @@
 ``train.py`` anywhere a baseline runs: ``cbgym.simulate(trace, policy="learned:default")``,
 ``cbgym bench --policies fcfs,learned:default``. At each decision point it builds the exact
 observation the environment would have shown (the env's own compiled encoder and visible
-windows, :mod:`cbgym.env.kernel_ops`), asks the model for its deterministic action, and turns
-it into a :class:`~cbgym.engine.Decision` with the env's own compiled decoder, so an episode
-played on the env and the same window replayed through ``cbgym.simulate`` give identical
-results (tested).
+windows, :mod:`cbgym.env.kernel_obs` and :mod:`cbgym.env.kernel_ops`), asks the model for
+its deterministic action, and turns it into a :class:`~cbgym.engine.Decision` with the
+env's own compiled decoder, so an episode played on the env and the same window replayed
+through ``cbgym.simulate`` give identical results (tested).
 
 Loading needs the ``train`` extra (torch, stable-baselines3, sb3-contrib); importing this
 module does not.

@@ -142,7 +142,6 @@ def decode_scores(s: State, e: EnvState, a: np.ndarray
     return order, shed[:n_shed], victims
 
 
-
 _Obs = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 
 

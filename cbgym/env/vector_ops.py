@@ -2,7 +2,7 @@
 
 Each env of a :class:`~cbgym.env.vector.SchedulingVectorEnv` owns row i of every batched
 array (the engine's :class:`~cbgym.engine.layout.State` and the env's
-:class:`~cbgym.env.kernel_ops.EnvState` with a leading env dimension). :func:`step_batch`
+:class:`~cbgym.env.kernel_state.EnvState` with a leading env dimension). :func:`step_batch`
 takes env i's views and runs exactly what one :class:`~cbgym.env.SchedulingEnv` step runs
 (the same kernels, in the same order), so env i's trajectory is bit for bit that of a single
 env: numba's threads only decide which core runs which env.
