@@ -28,9 +28,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # train.py, tools/
 import train  # noqa: E402
 from cbgym.tasks import TASKS, get  # noqa: E402
 
-RECIPE = ["--imitate-epochs", "15", "--learning-rate", "5e-5", "--gamma", "0.999",
-          "--log-std-init", "-2.5", "--cap-log-std-init", "-3.5", "--total-timesteps",
-          "500000", "--eval-freq", "0", "--no-progress-bar"]
+RECIPE = {"--imitate-epochs": "15", "--learning-rate": "5e-5", "--gamma": "0.999",
+          "--log-std-init": "-2.5", "--cap-log-std-init": "-3.5", "--total-timesteps": "500000",
+          "--eval-freq": "0"}
 
 
 # what a task's run adds to the recipe: the noisy neighbour's queue holds hundreds of
@@ -58,9 +58,9 @@ ES = {"tenants-noisy-neighbour": ["--generations", "100"],
 # the tasks whose PPO run starts from a heuristic prior (residual, train.py --prior) instead
 # of a clone, with what else their run changes: conv-study-interactive's prior is the
 # stronger rule (cb-sjf-work-fit), which cloning then PPO had not reached (docs/benchmark.md)
-PRIOR = {"conv-study-interactive": ("cb-sjf-work-fit", ["--target-kl", "0.002",
-                                                        "--total-timesteps", "250000",
-                                                        "--eval-freq", "50000"])}
+PRIOR = {"conv-study-interactive": ("cb-sjf-work-fit", {"--target-kl": "0.002",
+                                                        "--total-timesteps": "250000",
+                                                        "--eval-freq": "50000"})}
 
 
 def imitated(task: str) -> str:
@@ -69,6 +69,19 @@ def imitated(task: str) -> str:
     stronger on the study engine's tasks: docs/benchmark.md)."""
     refs = get(task).references
     return refs[0] if refs else "cb-sjf-work-shed"
+
+
+def ppo_argv(task: str) -> tuple[list[str], str]:
+    """train.py's arguments for a task's PPO run (its output folder apart), and what the run
+    is, for the shipped card: the recipe from a clone, or from a task's ``PRIOR`` with its own
+    settings in place of the recipe's."""
+    prior, own = PRIOR.get(task, ("", {}))
+    start = ["--prior", prior] if prior else ["--imitate", imitated(task)]
+    settings = [x for kv in {**RECIPE, **own}.items() for x in kv]
+    what = (f"PPO on {task}'s train windows, from the residual prior of {prior}" if prior
+            else f"PPO on {task}'s train windows, warm-started by behaviour cloning of "
+            f"{imitated(task)}")
+    return ["--task", task, *start, *settings, "--no-progress-bar"], what
 
 
 def main() -> None:
@@ -94,16 +107,10 @@ def main() -> None:
             what = (f"CMA-ES on {task}'s train windows from the residual prior of "
                     f"{train_es.default_prior(task)}, chosen on its validation windows")
         else:
-            prior, extra = PRIOR.get(task, ("", []))
-            start = ["--prior", prior] if prior else ["--imitate", imitated(task)]
-            recipe = [x for k in range(0, len(RECIPE), 2) if RECIPE[k] not in extra
-                      for x in RECIPE[k:k + 2]]  # (a task's own values replace the recipe's)
-            argv = ["--task", task, *start, *recipe, *extra, *out]
+            argv, what = ppo_argv(task)
+            argv += out
             print("python train.py " + " ".join(argv), flush=True)
             train.main(argv)
-            what = (f"PPO on {task}'s train windows, from the residual prior of {prior}"
-                    if prior else f"PPO on {task}'s train windows, warm-started by behaviour "
-                    f"cloning of {imitated(task)}")
         if args.ship:
             from ship_checkpoint import main as ship
 
