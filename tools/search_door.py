@@ -104,15 +104,16 @@ def goodput(job: tuple[np.ndarray, int, float, int]) -> float:
     routed by the residual router with parameters ``x`` (as clients see it)."""
     from cbgym.capacity import scale_to_load
     from cbgym.cluster.run import serve
+    from cbgym.tasks.evaluate import window_rows
 
     x, start, load, seed = job
     r, t, cfg = _RUN, _RUN["task"], _RUN["cfg"]
     trace = scale_to_load(r["trace"].window(int(start), t.episode_requests), float(load),
                           cfg.engines[0], capacity_rps=r["mu"])
     router = ResidualRouter(r["prior"], unflatten(x, r["dims"]), r["margin"])
-    s = serve(trace, cfg, router, seed=int(seed), slo=t.slo, admission=t.admission,
-              client=t.client).summary()
-    return float(s["good"] if "good" in s else round(s["slo_attainment"] * s["num_requests"]))
+    summary = serve(trace, cfg, router, seed=int(seed), slo=t.slo, admission=t.admission,
+                    client=t.client).summary()
+    return float(window_rows([summary])[0][0])  # (counted as evaluate_cluster counts it)
 
 
 def main() -> None:

@@ -337,11 +337,12 @@ class SchedulingVectorEnv(VectorEnv):
                 masks[:, self.proto.STOP] = 1
             infos["action_mask"], infos["_action_mask"] = masks, m
             infos["invalid_action"], infos["_invalid_action"] = ii[vo.I_INVALID] != 0, m
-        stuck = (ii[vo.I_STUCK] != 0) & m if ii[vo.I_STUCK].any() else None  # (rare)
-        if stuck is not None and stuck.any():
-            reason = np.full(self.num_envs, None, dtype=object)
-            reason[stuck] = "idle_hold_limit"
-            infos["truncated_reason"], infos["_truncated_reason"] = reason, stuck
+        if ii[vo.I_STUCK].any():  # (rare: the mask is built only then)
+            stuck = (ii[vo.I_STUCK] != 0) & m
+            if stuck.any():
+                reason = np.full(self.num_envs, None, dtype=object)
+                reason[stuck] = "idle_hold_limit"
+                infos["truncated_reason"], infos["_truncated_reason"] = reason, stuck
         return infos
 
     # ------------------------------------------------------------------ misc
