@@ -67,6 +67,7 @@ from cbgym.env.vector_common import (
     reset_options,
     use_threads,
 )
+from cbgym.env.vector_infos import batch_infos, final_observations
 from cbgym.env.vector_windows import WindowDraws
 from cbgym.metrics import slo_arrays
 from cbgym.workload.trace import Trace
@@ -262,7 +263,8 @@ class SchedulingVectorEnv(VectorEnv):
         ended = terminated | truncated
         infos = self._infos(self.out, self._all.copy())
         if same and ended.any():
-            infos["final_obs"] = self._final_observations(ended)
+            infos["final_obs"] = final_observations(
+                self.final.obs, ended, None if self.observation_mode == "flat" else self.slices)
             infos["_final_obs"] = ended.copy()
             infos["final_info"] = self._infos(self.final, ended.copy(), final=True)
             infos["_final_info"] = ended.copy()
@@ -300,50 +302,9 @@ class SchedulingVectorEnv(VectorEnv):
             return flat
         return {key: flat[:, sl] for key, sl in self.slices.items()}
 
-    def _final_observations(self, ended: np.ndarray) -> np.ndarray:
-        """Gymnasium's ``final_obs``: an object array, env i's last observation where it
-        ended (None elsewhere)."""
-        flat = self.final.obs
-        out = np.full(self.num_envs, None, dtype=object)
-        for i in np.flatnonzero(ended):
-            row = flat[i].copy()
-            out[i] = row if self.observation_mode == "flat" else {
-                key: row[sl] for key, sl in self.slices.items()}
-        return out
-
     def _infos(self, out: vo.Out, mask: np.ndarray, final: bool = False) -> dict[str, Any]:
-        """Gymnasium's dict of arrays, each with its ``_key`` mask (rows of one copy)."""
-        ii, ff = out.info_i.copy(), out.info_f.copy()
-        m = mask
-        # rows in the order of vo's I_ and F_ names
-        finished, good, shed, iterations, *_ = ii
-        _, goodput, ttft_miss, shed_c, latency, now, elapsed = ff
-        infos: dict[str, Any] = {
-            "reward_components": {
-                "goodput": goodput, "_goodput": m, "ttft_miss": ttft_miss, "_ttft_miss": m,
-                "shed": shed_c, "_shed": m, "latency": latency, "_latency": m},
-            "_reward_components": m,
-            "num_finished": finished, "_num_finished": m, "num_good": good, "_num_good": m,
-            "num_shed": shed, "_num_shed": m,
-            "engine_iterations": iterations, "_engine_iterations": m,
-            "sim_time_s": now, "_sim_time_s": m, "sim_time_elapsed": elapsed,
-            "_sim_time_elapsed": m,
-            "waiting_time_in_system_s": out.waited.copy(), "_waiting_time_in_system_s": m,
-        }
-        if self.proto.masked:
-            masks = self.acts.mask.copy()
-            if final:  # an ended episode allows STOP only, as the single env says
-                masks[:] = 0
-                masks[:, self.proto.STOP] = 1
-            infos["action_mask"], infos["_action_mask"] = masks, m
-            infos["invalid_action"], infos["_invalid_action"] = ii[vo.I_INVALID] != 0, m
-        if ii[vo.I_STUCK].any():  # (rare: the mask is built only then)
-            stuck = (ii[vo.I_STUCK] != 0) & m
-            if stuck.any():
-                reason = np.full(self.num_envs, None, dtype=object)
-                reason[stuck] = "idle_hold_limit"
-                infos["truncated_reason"], infos["_truncated_reason"] = reason, stuck
-        return infos
+        return batch_infos(out, mask, self.acts.mask if self.proto.masked else None,
+                           self.proto.STOP, final)
 
     # ------------------------------------------------------------------ misc
     _BOUND = ("_step_batch", "_reset_batch", "_state_args", "_tail_args")
