@@ -8,7 +8,8 @@ the policy-side counters of :class:`cbgym.agents.VTC` are exact).
 
 | function | returns |
 |---|---|
-| :func:`tenant_table` | per tenant: requests, finished, good, goodput, attainment, p99 TTFT |
+| :func:`tenant_table` | per tenant: requests, finished, good, shed, TTFT missed, late after |
+|  | the first token, goodput, attainment, p99 TTFT, service |
 | :func:`service_over_time` | service per tenant in each window (rows: window start) |
 | :func:`max_service_difference` | the largest gap between two tenants' cumulative service |
 | :func:`jain_index` | Jain's fairness index of per-tenant values, in (0, 1] |
@@ -19,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from cbgym.metrics import SimulationResult, SLOSpec, meets_slo
+from cbgym.metrics import SimulationResult, SLOSpec, meets_slo, slo_arrays
 
 W_IN, W_OUT = 1.0, 2.0
 
@@ -33,19 +34,29 @@ def _service(req: pd.DataFrame, w_in: float, w_out: float) -> np.ndarray:
 def tenant_table(result: SimulationResult, slo: SLOSpec | None = None, w_in: float = W_IN,
                  w_out: float = W_OUT) -> pd.DataFrame:
     """Per-tenant figures of a run (``slo``: the run's own by default). Service counts the
-    output of finished requests."""
+    output of finished requests. Where the requests that were not good went: ``shed``,
+    ``ttft_missed`` (finished past the TTFT target) and ``late_after_first_token``
+    (finished within it, but past the TPOT target or another of the SLO's targets)."""
     req = result.requests
     slo = slo if slo is not None else result.slo
     good = meets_slo(req, slo)
+    finished = (req["status"] == "finished").to_numpy()
+    ttft_target, _ = slo_arrays(slo, req["slo_class"].to_numpy())
+    with np.errstate(invalid="ignore"):
+        ttft_met = finished & (req["ttft_s"].to_numpy() <= ttft_target)
     span = float(np.nanmax(req["finish_s"].to_numpy()) - req["arrival_s"].min()) if len(
         req) else 0.0
     frame = pd.DataFrame({"tenant": req["tenant"].to_numpy(), "good": good,
-                          "finished": (req["status"] == "finished").to_numpy(),
+                          "finished": finished, "shed": (req["status"] == "shed").to_numpy(),
+                          "ttft_missed": finished & ~ttft_met,
+                          "late_after_first_token": ttft_met & ~good,
                           "ttft_s": req["ttft_s"].to_numpy(),
                           "service": _service(req, w_in, w_out)})
     g = frame.groupby("tenant")
     table = pd.DataFrame({
         "requests": g.size(), "finished": g["finished"].sum(), "good": g["good"].sum(),
+        "shed": g["shed"].sum(), "ttft_missed": g["ttft_missed"].sum(),
+        "late_after_first_token": g["late_after_first_token"].sum(),
         "ttft_p99_s": g["ttft_s"].quantile(0.99), "service": g["service"].sum()})
     table["slo_attainment"] = table["good"] / table["requests"]
     table["goodput_rps"] = table["good"] / span if span > 0 else np.nan

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import cbgym
-from cbgym import LinearCostModel, Trace
+from cbgym import SLO, LinearCostModel, Trace
 from cbgym.agents import VTC
 from cbgym.fairness import (
     jain_index,
@@ -138,6 +138,13 @@ def test_tenant_table_and_jain_index() -> None:
     table = tenant_table(res)
     assert table["requests"].tolist() == [60, 20]
     assert table["service"].sum() == pytest.approx((1 * 256 + 2 * 256) * 80)
+    # every request is good, shed, late to its first token, or late after it: exactly one
+    parts = table[["good", "shed", "ttft_missed", "late_after_first_token"]].sum(axis=1)
+    assert (parts == table["requests"]).all()
+    tight = tenant_table(res, SLO(ttft_s=1e-6, tpot_s=1.0))  # no first token that soon
+    assert (tight["good"] == 0).all() and (tight["ttft_missed"] == tight["finished"]).all()
+    slow = tenant_table(res, SLO(ttft_s=1e3, tpot_s=1e-9))  # first tokens met, TPOT never
+    assert (slow["late_after_first_token"] == slow["finished"]).all()
     assert jain_index([1.0, 1.0, 1.0]) == 1.0
     assert jain_index([1.0, 0.0, 0.0, 0.0]) == pytest.approx(0.25)
     with pytest.raises(ValueError, match="jain_index"):
