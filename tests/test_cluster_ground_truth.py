@@ -158,7 +158,8 @@ def test_invariants_over_random_clusters(seed: int, n_u: int, n_p: int, n_d: int
     cfg = ClusterConfig(tuple(pools), LinkConfig(nic_gbps=1.0, setup_s=setup),
                         load_report_interval_s=interval)
     tr = random_trace(seed, n=60, span=3.0, long=1200)
-    from cbgym.cluster.cluster import Cluster, local_policies
+    from cbgym.cluster.cluster import Cluster
+    from cbgym.cluster.run import local_policies
 
     c = Cluster(tr, cfg, RandomRoutes(), local_policies("fcfs", cfg.num_instances), seed=seed)
     c.run()
@@ -224,7 +225,8 @@ def test_a_request_shed_on_the_prefill_instance_is_no_longer_incoming() -> None:
     """Bulk link: a prompt P can never hold is shed there; D's ``incoming`` count (a load
     signal routers read) forgets it (found in review: it stayed counted)."""
     from cbgym.agents.routing import make_router
-    from cbgym.cluster.cluster import Cluster, local_policies
+    from cbgym.cluster.cluster import Cluster
+    from cbgym.cluster.run import local_policies
 
     cfg = ClusterConfig((Pool("prefill", 1, linear_engine(blocks=10)),
                          Pool("decode", 1, linear_engine())))
@@ -261,8 +263,9 @@ def two_by_two_routes(seed: int, n: int, disaggregated: float) -> list[Route]:
 
 def run_fixed(tr: Trace, cfg: ClusterConfig, routes: list[Route], policy: str = "fcfs",
               lock_step: bool = False) -> tuple[object, pd.DataFrame]:
-    from cbgym.cluster.cluster import Cluster, local_policies
+    from cbgym.cluster.cluster import Cluster
     from cbgym.cluster.results import cluster_result
+    from cbgym.cluster.run import local_policies
 
     # lock_step: every instance bounded by every other, the loop's reference
     c = Cluster(tr, cfg, Fixed(routes), local_policies(policy, cfg.num_instances),
@@ -310,7 +313,8 @@ def test_idle_instances_asked_outside_the_kernel_do_not_creep() -> None:
     """P waits for blocks, D for KV, both under slo-edf: the loop once moved them one ulp
     at a time (found in review)."""
     from cbgym.agents.routing import make_router
-    from cbgym.cluster.cluster import Cluster, local_policies
+    from cbgym.cluster.cluster import Cluster
+    from cbgym.cluster.run import local_policies
 
     cfg = ClusterConfig((Pool("prefill", 1, linear_engine(blocks=70)),
                          Pool("decode", 1, linear_engine(blocks=1000))),
@@ -366,7 +370,8 @@ def test_kv_reserved_at_transfer_start_and_freed_at_transfer_end() -> None:
     its copy; when the last transfer lands P frees exactly that copy, and D keeps its
     blocks."""
     from cbgym.agents.routing import make_router
-    from cbgym.cluster.cluster import Cluster, local_policies
+    from cbgym.cluster.cluster import Cluster
+    from cbgym.cluster.run import local_policies
 
     cfg = ClusterConfig((Pool("prefill", 2, linear_engine(blocks=300)),
                          Pool("decode", 2, linear_engine(blocks=200))),
@@ -452,8 +457,9 @@ def test_compiled_rules_and_eager_routing_change_nothing(seed: int, spec: str,
     instance short of blocks under a static key woke at an arrival routed ahead of time
     after a decode instance had run past it)."""
     from cbgym.agents.routing import make_router
-    from cbgym.cluster.cluster import Cluster, local_policies
+    from cbgym.cluster.cluster import Cluster
     from cbgym.cluster.results import cluster_result
+    from cbgym.cluster.run import local_policies
 
     cfg = ClusterConfig((Pool("prefill", 2, linear_engine(blocks=blocks)),
                          Pool("decode", 2, linear_engine(blocks=150))),

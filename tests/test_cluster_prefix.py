@@ -13,8 +13,8 @@ import cbgym
 from cbgym import EngineConfig, LinearCostModel, Trace
 from cbgym.agents.routing import make_router
 from cbgym.cluster import ClusterConfig, Pool, Route, Router
-from cbgym.cluster.cluster import Cluster, local_policies
-from cbgym.cluster.run import serve
+from cbgym.cluster.cluster import Cluster
+from cbgym.cluster.run import local_policies, serve
 from cbgym.cluster.state import view
 from cbgym.engine import layout as L
 from tests.test_prefix_cache import check_pool, shared_traces, trace_of

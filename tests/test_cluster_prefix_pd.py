@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 from cbgym import EngineConfig, LinearCostModel, Trace
 from cbgym.agents.routing import make_router
 from cbgym.cluster import ClusterConfig, LinkConfig, Pool, Route, Router
-from cbgym.cluster.cluster import Cluster, local_policies
-from cbgym.cluster.run import serve
+from cbgym.cluster.cluster import Cluster
+from cbgym.cluster.run import local_policies, serve
 from cbgym.engine import layout as L
 from tests.test_prefix_cache import check_pool, shared_traces, trace_of
 

@@ -18,8 +18,9 @@ from hypothesis import strategies as st
 
 from cbgym import EngineConfig, LinearCostModel, Trace
 from cbgym.cluster import ClusterConfig, LinkConfig, Pool, Route
-from cbgym.cluster.cluster import Cluster, local_policies
+from cbgym.cluster.cluster import Cluster
 from cbgym.cluster.results import cluster_result
+from cbgym.cluster.run import local_policies
 from cbgym.engine.engine import EngineStuckError
 from tests.test_cluster_ground_truth import Fixed
 

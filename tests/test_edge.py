@@ -13,10 +13,10 @@ from hypothesis import strategies as st
 
 from cbgym import AdmissionConfig, ClientModel, EngineConfig, LinearCostModel, Trace
 from cbgym.cluster import ClusterConfig, LinkConfig, Pool, Route, Router
-from cbgym.cluster.cluster import Cluster, local_policies
+from cbgym.cluster.cluster import Cluster
 from cbgym.cluster.edge_results import OUTCOMES, edge_totals
 from cbgym.cluster.results import cluster_result
-from cbgym.cluster.run import serve
+from cbgym.cluster.run import local_policies, serve
 from cbgym.engine import layout as L
 from cbgym.simulate import simulate
 

@@ -41,8 +41,6 @@ decision points.
 
 from __future__ import annotations
 
-import copy
-
 import numpy as np
 
 from cbgym.cluster import loop
@@ -391,14 +389,4 @@ class Cluster:
         return int(self.C.si[K.ADVANCES])
 
 
-def local_policies(policy: str | Policy | type[Policy], count: int) -> list[Policy]:
-    """One local policy object per instance (a given object is copied: policies keep
-    per-run state)."""
-    from cbgym.simulate import resolve_policy
-
-    if isinstance(policy, Policy):
-        return [copy.deepcopy(policy) for _ in range(count)]
-    return [resolve_policy(policy) for _ in range(count)]
-
-
-__all__ = ["Cluster", "Route", "local_policies"]
+__all__ = ["Cluster", "Route"]

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import copy
 import time
 from functools import lru_cache
 
 import numpy as np
 
-from cbgym.cluster.cluster import Cluster, local_policies
+from cbgym.cluster.cluster import Cluster
 from cbgym.cluster.config import ClusterConfig
 from cbgym.cluster.edge import AdmissionConfig, ClientModel
 from cbgym.cluster.results import ClusterResult, cluster_result
@@ -18,6 +19,16 @@ from cbgym.metrics import SLOSpec
 from cbgym.workload.trace import Trace
 
 CAPACITY_SAMPLE = 4000  # as cbgym.capacity: requests released at t=0
+
+
+def local_policies(policy: str | Policy | type[Policy], count: int) -> list[Policy]:
+    """One local policy object per instance (a given object is copied: policies keep
+    per-run state)."""
+    from cbgym.simulate import resolve_policy
+
+    if isinstance(policy, Policy):
+        return [copy.deepcopy(policy) for _ in range(count)]
+    return [resolve_policy(policy) for _ in range(count)]
 
 
 def resolve_cluster(cluster: ClusterConfig | str) -> ClusterConfig:

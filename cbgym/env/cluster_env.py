@@ -13,11 +13,11 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
-from cbgym.cluster.cluster import Cluster, local_policies
+from cbgym.cluster.cluster import Cluster
 from cbgym.cluster.config import ClusterConfig
 from cbgym.cluster.edge import AdmissionConfig, ClientModel, check_edge
 from cbgym.cluster.routing import Route, RoutingPoint
-from cbgym.cluster.run import cluster_capacity, resolve_cluster
+from cbgym.cluster.run import cluster_capacity, local_policies, resolve_cluster
 from cbgym.cluster.tables import loads_array
 from cbgym.env.action import InvalidActionError
 from cbgym.env.cluster_vector_ops import (
