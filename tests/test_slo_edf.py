@@ -87,6 +87,31 @@ def test_cb_sjf_work_fit_admits_only_what_its_batch_lets_meet_the_target() -> No
     assert make_policy("cb-sjf-work-fit:8").label == "cb-sjf-work-fit:8"
 
 
+def test_cb_sjf_work_fit_tiers_admits_the_tighter_target_first_and_is_fit_with_one() -> None:
+    # one target for every request: cb-sjf-work-fit's decisions, request for request
+    tr = overload(600, seed=3)
+    slo = SLO(ttft_s=0.5, tpot_s=0.2)
+    for spec in ("", ":8"):
+        a = simulate(tr, f"cb-sjf-work-fit-tiers{spec}", PAPER, load=1.4, slo=slo).requests
+        b = simulate(tr, f"cb-sjf-work-fit{spec}", PAPER, load=1.4, slo=slo).requests
+        assert a["first_scheduled_s"].equals(b["first_scheduled_s"]), spec
+        assert a["status"].equals(b["status"]), spec
+    # two tiers: the tight one is admitted ahead of the loose one's shorter requests, so
+    # fewer of it are shed and more meet the target; the loose one still makes its 30 s
+    tiers = {0: SLO(ttft_s=1.0, tpot_s=0.2), 1: SLO(ttft_s=30.0, tpot_s=0.2)}
+    tr = overload(classes=True)
+    res = {p: simulate(tr, p, PAPER, load=1.2, slo=tiers).requests
+           for p in ("cb-sjf-work-fit-tiers", "cb-sjf-work-fit")}
+    tight = {p: r[r["slo_class"] == 0] for p, r in res.items()}
+    shed = {p: int((t["status"] == "shed").sum()) for p, t in tight.items()}  # 33 and 45
+    met = {p: int((t["ttft_s"] <= 1.0).sum()) for p, t in tight.items()}  # 154 and 142
+    assert shed["cb-sjf-work-fit-tiers"] < shed["cb-sjf-work-fit"], shed
+    assert met["cb-sjf-work-fit-tiers"] > met["cb-sjf-work-fit"], met
+    loose = res["cb-sjf-work-fit-tiers"].query("slo_class == 1")
+    assert (loose["ttft_s"] <= 30.0).mean() > 0.95
+    assert make_policy("cb-sjf-work-fit-tiers:24").label == "cb-sjf-work-fit-tiers:24"
+
+
 def test_oracle_work_shed_orders_by_true_work_and_sheds_as_the_content_blind_rule() -> None:
     tr = overload()
     slo = SLO(ttft_s=1.0, tpot_s=0.2)

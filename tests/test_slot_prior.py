@@ -66,6 +66,31 @@ def test_the_fit_prior_alone_plays_cb_sjf_work_fit_request_for_request(policy: s
         np.testing.assert_array_equal(played[col].to_numpy(), fast[col].to_numpy(), err_msg=col)
 
 
+@pytest.mark.parametrize("policy", ["cb-sjf-work-fit-tiers:6", "cb-sjf-work-fit-tiers"])
+def test_the_tiers_prior_alone_plays_cb_sjf_work_fit_tiers_request_for_request(
+        policy: str) -> None:
+    """The same for cb-sjf-work-fit-tiers on two SLO tiers (the tight one admitted first)."""
+    rng = np.random.default_rng(4)
+    n = 300
+    trace = cbgym.Trace.from_arrays(np.cumsum(rng.exponential(0.02, n)),
+                                    rng.integers(20, 1500, n), rng.integers(2, 200, n),
+                                    slo_class=rng.integers(0, 2, n))
+    env = overload_env(K=64, trace=trace, slo={0: cbgym.SLO(0.5, 0.05), 1: cbgym.SLO(5.0, 0.1)})
+    prior = _prior(env, policy)
+    obs, _ = env.reset(seed=0)
+    done = False
+    while not done:
+        obs, _, te, tr, _ = env.step(np.clip(as_numpy(prior, obs), -1.0, 1.0))
+        done = te or tr
+    played = env.episode_result().requests
+    fast = cbgym.simulate(env.episode_trace, policy, engine=env.config, slo=env.slo).requests
+    plain = cbgym.simulate(env.episode_trace, policy.replace("-tiers", ""), engine=env.config,
+                           slo=env.slo).requests
+    assert not plain["first_scheduled_s"].equals(fast["first_scheduled_s"])  # tiers matter
+    for col in ("first_scheduled_s", "finish_s", "status"):
+        np.testing.assert_array_equal(played[col].to_numpy(), fast[col].to_numpy(), err_msg=col)
+
+
 def test_a_policy_with_a_prior_starts_as_the_prior_and_saves_it(tmp_path) -> None:
     import torch as th
     from stable_baselines3 import PPO

@@ -27,6 +27,7 @@ strict-tiers           the interactive SLO class first, evicting the lower tier 
 least-slack            the earliest TTFT deadline (arrival + its class's target)   no
 cb-sjf-work-shed[:CAP] cb-sjf-work; sheds as slo-edf; at most CAP running          no
 cb-sjf-work-fit[:CAP]  the same; admits only what meets TTFT with its batch        no
+cb-sjf-work-fit-tiers  cb-sjf-work-fit[:CAP], the tighter TTFT target's first      no
 oracle-work-shed[:CAP] cb-sjf-work-shed in oracle-work order (headroom)            yes
 learned[:NAME|PATH]    a trained SB3 model (default: the shipped checkpoint)       no
 =====================  ==========================================================  ==========
@@ -61,6 +62,7 @@ from cbgym.agents.random_order import RandomOrder
 from cbgym.agents.sjf_ctx import SJFCtx
 from cbgym.agents.slo_edf import (
     CBSJFWorkFit,
+    CBSJFWorkFitTiers,
     CBSJFWorkShed,
     OracleWorkShed,
     SLOEarliestDeadline,
@@ -74,7 +76,8 @@ POLICIES: dict[str, type[Policy]] = {
     cls.name: cls
     for cls in (FCFS, SJFCtx, CBSJFWork, LJFWork, RandomOrder, OracleSJF, OracleWork,
                 OracleSRPT, NoisyOracle, NoisyOracleWork, SJFPred, CBSJFWorkPred, *AGING_POLICIES,
-                SLOEarliestDeadline, CBSJFWorkShed, CBSJFWorkFit, OracleWorkShed,
+                SLOEarliestDeadline, CBSJFWorkShed, CBSJFWorkFit, CBSJFWorkFitTiers,
+                OracleWorkShed,
                 Priority, StrictTiers, LeastSlack, VTC, DRR, WFQ, TokenBucket,
                 LearnedPolicy, *PREFIX_POLICIES)
 }
@@ -161,7 +164,8 @@ def _checked(cls: object, name: str) -> type[Policy]:
 
 __all__ = [
     "POLICIES", "make_policy", "with_aging", "KeyPolicy", "QueueView", "FCFS", "SJFCtx",
-    "CBSJFWork", "CBSJFWorkShed", "CBSJFWorkFit", "OracleWorkShed", "LJFWork", "Priority",
+    "CBSJFWork", "CBSJFWorkShed", "CBSJFWorkFit", "CBSJFWorkFitTiers", "OracleWorkShed",
+    "LJFWork", "Priority",
     "VTC", "DRR", "WFQ",
     "TokenBucket", "StrictTiers", "LeastSlack", "RandomOrder",
     "SLOEarliestDeadline", "SJFPred", "CBSJFWorkPred",

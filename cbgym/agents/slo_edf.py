@@ -136,8 +136,12 @@ class CBSJFWorkShed(ShedUnreachable, CBSJFWork):
     def decide(self, dp: DecisionPoint) -> Decision:
         if len(dp.waiting) == 0:
             return super().decide(dp)
-        keys = np.asarray(self.keys(self.view(dp)), dtype=np.float64)
+        keys = self.admission_keys(dp)
         return self.ordered(dp, keys, self.cap - len(dp.running) if self.cap else None)
+
+    def admission_keys(self, dp: DecisionPoint) -> np.ndarray:
+        """The waiting requests' keys, in ``dp.waiting``'s order (smallest admitted first)."""
+        return np.asarray(self.keys(self.view(dp)), dtype=np.float64)
 
 
 class CBSJFWorkFit(CBSJFWorkShed):
@@ -169,7 +173,7 @@ class CBSJFWorkFit(CBSJFWorkShed):
         if len(dp.waiting) == 0:
             return super().decide(dp)
         # cb-sjf-work-shed's decision without its cap: the reachable by key, the rest shed
-        shed = self.ordered(dp, np.asarray(self.keys(self.view(dp)), dtype=np.float64))
+        shed = self.ordered(dp, self.admission_keys(dp))
         cand = np.asarray(shed.order)
         room = self.cap - len(dp.running) if self.cap else len(cand)
         a, b = self.lead
@@ -187,6 +191,26 @@ class CBSJFWorkFit(CBSJFWorkShed):
                 least = min(least, spare[i])
                 taken += 1
         return replace(shed, order=cand[take])
+
+
+class CBSJFWorkFitTiers(CBSJFWorkFit):
+    """``cb-sjf-work-fit[:CAP]`` that admits the tighter TTFT target's requests first: by
+    target, then by CB-SJF-Work's key, ties in queue order.
+
+    With SLO tiers (the noisy neighbour's interactive 450 ms beside batch 30 s) a request
+    with a loose target can wait and still count, one with a tight target cannot; within a
+    target it is ``cb-sjf-work-fit``. With one target for every request it makes
+    ``cb-sjf-work-fit``'s decisions (tested). Content-blind, not privileged: a serving
+    system knows each request's SLO class, as ``slo-edf`` and ``strict-tiers`` read it.
+    """
+
+    name = "cb-sjf-work-fit-tiers"
+
+    def admission_keys(self, dp: DecisionPoint) -> np.ndarray:
+        keys = super().admission_keys(dp)
+        ranks = np.empty(len(keys))  # (a rank per request: ties already broken by position)
+        ranks[np.lexsort((keys, self.ttft[dp.waiting]))] = np.arange(len(keys))
+        return ranks
 
 
 class OracleWorkShed(CBSJFWorkShed):

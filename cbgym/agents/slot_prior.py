@@ -7,9 +7,10 @@ policy learning (Silver et al., 2018, "Residual Policy Learning"; Johannink et a
 "Residual Reinforcement Learning for Robot Control"). ``train.py --prior cb-sjf-work-shed:28``
 builds it.
 
-The prior is ``cb-sjf-work-shed[:CAP]`` (:class:`cbgym.agents.slo_edf.CBSJFWorkShed`) or
-``cb-sjf-work-fit[:CAP]`` (:class:`~cbgym.agents.slo_edf.CBSJFWorkFit`) written as a function
-of the observation alone, so it reads nothing the env does not show:
+The prior is ``cb-sjf-work-shed[:CAP]`` (:class:`cbgym.agents.slo_edf.CBSJFWorkShed`),
+``cb-sjf-work-fit[:CAP]`` (:class:`~cbgym.agents.slo_edf.CBSJFWorkFit`) or
+``cb-sjf-work-fit-tiers[:CAP]`` (:class:`~cbgym.agents.slo_edf.CBSJFWorkFitTiers`) written as
+a function of the observation alone, so it reads nothing the env does not show:
 
 | slot / score    | prior                                                                    |
 |-----------------|--------------------------------------------------------------------------|
@@ -17,6 +18,8 @@ of the observation alone, so it reads nothing the env does not show:
 |                 | work: ``c_f + c_p x + c_d yhat``, ``yhat`` the bucket's recent mean output |
 |                 | from ``global``, else the overall mean, else 128; at least generated + 1)|
 |                 | and ``lo`` just above the hold threshold: falls with k, never held       |
+| with tiers      | ``-tiers`` only: the range above ``lo`` split into one band per distinct |
+|                 | TTFT target, the tightest highest; a request's own band by k as above    |
 | unreachable     | -1.5 (at or below any shed threshold; shed by the env's own rule): no    |
 |                 | first token and waited + ``c_f`` + ``c_p x`` > its class's TTFT target    |
 | not fitting     | ``cb-sjf-work-fit`` only: hold - 0.05 (held) for a reachable request     |
@@ -60,10 +63,11 @@ from cbgym.metrics import SLO, SLOSpec
 
 __all__ = ["PRIOR_POLICIES", "HeuristicPrior", "PriorSpec", "prior_spec"]
 
-PRIOR_POLICIES = ("cb-sjf-work-shed", "cb-sjf-work-fit")
+PRIOR_POLICIES = ("cb-sjf-work-shed", "cb-sjf-work-fit", "cb-sjf-work-fit-tiers")
 UNREACHABLE_SCORE = -1.5  # past the range on purpose: SB3 clips, so exploration noise never
 # lifts a shed above a -0.99 threshold
 _KEY_SCALE_S = 1.0  # keys of 10 ms to 100 s stay apart in float32
+_TIER_SPAN_S = 1e6  # a tier's offset in the batch's sort key: past any key (seconds of work)
 
 _MEANS = [global_index(f"recent_output_mean_{b}") for b in range(NUM_OUTPUT_BUCKETS)]
 _SEEN = [global_index(f"recent_output_seen_{b}") for b in range(NUM_OUTPUT_BUCKETS)]
@@ -81,6 +85,7 @@ class PriorSpec:
         work: ``(c_f, c_p, c_d)`` of the engine (:func:`cbgym.agents.work.work_coefficients`).
         lead: the ``"unreachable"`` shed lead ``(a, b)`` (:func:`cbgym.agents.work.shed_lead`).
         ttft_s: the TTFT target of SLO class 0, 1, ... (one entry: every class).
+        policy: the rule's spec (``cb-sjf-work-fit-tiers`` orders by the classes' targets).
         hold: the env's hold threshold.
         cap_score: the running-cap score (1.0: no cap); None if the env has no cap score.
     """
@@ -154,8 +159,16 @@ class HeuristicPrior(nn.Module):
         self.lo = spec.hold + 0.05 * (1.0 - spec.hold)
         # cb-sjf-work-fit holds a reachable request its batch would make miss: below the hold
         # threshold (held; the env sheds only unreachable requests, whatever their score)
-        self.fit = spec.policy.partition(":")[0] == "cb-sjf-work-fit"
+        name = spec.policy.partition(":")[0]
+        self.fit = name in ("cb-sjf-work-fit", "cb-sjf-work-fit-tiers")
         self.held = spec.hold - 0.05
+        # each SLO class's tier: the rank of its TTFT target among the distinct ones (tightest
+        # 0); with "-tiers" a tier orders before every looser one, else one tier for all
+        targets = sorted(set(spec.ttft_s))
+        tier = [targets.index(t) for t in spec.ttft_s] if name.endswith("-tiers") else [0] * len(
+            spec.ttft_s)
+        self.tiers = max(tier) + 1
+        self.register_buffer("tier", th.as_tensor(tier, dtype=th.float64), persistent=False)
         self.register_buffer("edges", th.as_tensor(OUTPUT_STAT_EDGES, dtype=th.float64),
                              persistent=False)
         self.register_buffer("ttft", th.as_tensor(spec.ttft_s, dtype=th.float64),
@@ -179,9 +192,12 @@ class HeuristicPrior(nn.Module):
         yhat = th.maximum(th.gather(table, 1, bucket), generated + 1.0)
         c_f, c_p, c_d = self.spec.work
         key = (c_f + c_p * prompt + c_d * yhat).clamp(min=0.0)
-        score = self.lo + (1.0 - self.lo) / (1.0 + key / _KEY_SCALE_S)
         waited = (th.exp2(slots[..., _WAITED] * _TIME_SPAN) - 1.0) / 1000.0
         cls = _count(slots[..., _CLASS]).long().clamp(0, len(self.spec.ttft_s) - 1)
+        tier = self.tier[cls]
+        band = (self.tiers - 1 - tier + 1.0 / (1.0 + key / _KEY_SCALE_S)) / self.tiers
+        score = self.lo + (1.0 - self.lo) * band
+        key = key + _TIER_SPAN_S * tier  # the batch is formed in the same order
         a, b = self.spec.lead
         lost = (generated == 0) & (waited + a + b * prompt > self.ttft[cls])
         if self.fit:

@@ -167,8 +167,8 @@ TASKS: Mapping[str, Task] = MappingProxyType({task.name: task for task in (
          trace="tenants-conv-code-2023", engine="llama-3.1-8b/a100-80gb",
          train_load=(1.0, 1.4), test_load=1.2, slo=tier_slos(), episode_requests=1024,
          env={**TASK_ENV, "tenant_features": 2},
-         references=("cb-sjf-work-shed:24", "cb-sjf-work-fit:24", "priority", "strict-tiers",
-                     "vtc", "drr", "wfq",
+         references=("cb-sjf-work-shed:24", "cb-sjf-work-fit:24", "cb-sjf-work-fit-tiers:24",
+                     "priority", "strict-tiers", "vtc", "drr", "wfq",
                      "least-slack", "cb-sjf-work-slo-aging:0.05")),
     Task("prefix-conv-mooncake",
          "Kimi's conversation trace (12k-token prompts, block ids) past saturation on one "
