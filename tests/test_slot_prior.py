@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 import pytest
 
 pytest.importorskip("torch")
@@ -25,17 +26,21 @@ def _prior(env: cbgym.SchedulingEnv, policy: str) -> HeuristicPrior:
     return HeuristicPrior(spec, slices, env.K, env.R, 8)
 
 
-def test_the_prior_alone_plays_the_heuristic_request_for_request() -> None:
-    """While the queue fits the visible window, the prior's scores (read from the observation
-    alone) make the env take cb-sjf-work-shed:6's decisions: admissions, sheds and the cap."""
-    env = overload_env(K=64)
-    prior = _prior(env, "cb-sjf-work-shed:6")
+def _played(env: cbgym.SchedulingEnv, prior: HeuristicPrior) -> pd.DataFrame:
+    """One episode from seed 0 played by the prior's scores alone: its request table."""
     obs, _ = env.reset(seed=0)
     done = False
     while not done:
         obs, _, te, tr, _ = env.step(np.clip(as_numpy(prior, obs), -1.0, 1.0))
         done = te or tr
-    played = env.episode_result().requests
+    return env.episode_result().requests
+
+
+def test_the_prior_alone_plays_the_heuristic_request_for_request() -> None:
+    """While the queue fits the visible window, the prior's scores (read from the observation
+    alone) make the env take cb-sjf-work-shed:6's decisions: admissions, sheds and the cap."""
+    env = overload_env(K=64)
+    played = _played(env, _prior(env, "cb-sjf-work-shed:6"))
     fast = cbgym.simulate(env.episode_trace, "cb-sjf-work-shed:6", engine=env.config,
                           slo=env.slo).requests
     assert (played["status"] == "shed").sum() > 0
@@ -76,13 +81,7 @@ def test_the_tiers_prior_alone_plays_cb_sjf_work_fit_tiers_request_for_request(
                                     rng.integers(20, 1500, n), rng.integers(2, 200, n),
                                     slo_class=rng.integers(0, 2, n))
     env = overload_env(K=64, trace=trace, slo={0: cbgym.SLO(0.5, 0.05), 1: cbgym.SLO(5.0, 0.1)})
-    prior = _prior(env, policy)
-    obs, _ = env.reset(seed=0)
-    done = False
-    while not done:
-        obs, _, te, tr, _ = env.step(np.clip(as_numpy(prior, obs), -1.0, 1.0))
-        done = te or tr
-    played = env.episode_result().requests
+    played = _played(env, _prior(env, policy))
     fast = cbgym.simulate(env.episode_trace, policy, engine=env.config, slo=env.slo).requests
     plain = cbgym.simulate(env.episode_trace, policy.replace("-tiers", ""), engine=env.config,
                            slo=env.slo).requests
