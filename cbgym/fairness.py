@@ -36,7 +36,9 @@ def tenant_table(result: SimulationResult, slo: SLOSpec | None = None, w_in: flo
     """Per-tenant figures of a run (``slo``: the run's own by default). Service counts the
     output of finished requests. Where the requests that were not good went: ``shed``,
     ``ttft_missed`` (finished past the TTFT target) and ``late_after_first_token``
-    (finished within it, but past the TPOT target or another of the SLO's targets)."""
+    (finished within it, but past the TPOT target or another of the SLO's targets): with
+    ``good`` they add up to ``requests`` (an engine's requests finish or are shed; a cluster
+    run with clients also records abandoned attempts, which none of them counts)."""
     req = result.requests
     slo = slo if slo is not None else result.slo
     good = meets_slo(req, slo)

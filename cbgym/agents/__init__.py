@@ -27,7 +27,7 @@ strict-tiers           the interactive SLO class first, evicting the lower tier 
 least-slack            the earliest TTFT deadline (arrival + its class's target)   no
 cb-sjf-work-shed[:CAP] cb-sjf-work; sheds as slo-edf; at most CAP running          no
 cb-sjf-work-fit[:CAP]  the same; admits only what meets TTFT with its batch        no
-cb-sjf-work-fit-tiers  cb-sjf-work-fit[:CAP], the tighter TTFT target's first      no
+cb-sjf-work-fit-tiers  the same, the tighter TTFT target's requests first         no
 oracle-work-shed[:CAP] cb-sjf-work-shed in oracle-work order (headroom)            yes
 learned[:NAME|PATH]    a trained SB3 model (default: the shipped checkpoint)       no
 =====================  ==========================================================  ==========

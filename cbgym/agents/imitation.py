@@ -103,11 +103,15 @@ def scores_of(env: object, dp: DecisionPoint, d: Decision, cap: int,
 
 
 def _keys(policy: Policy, dp: DecisionPoint) -> np.ndarray | None:
-    """A key policy's keys at ``dp`` (aligned with ``dp.waiting``), else None."""
+    """A key policy's keys at ``dp`` (aligned with ``dp.waiting``), else None: the ones it
+    admits by (``admission_keys``, where a rule orders by more than its key: tiers first)."""
     from cbgym.agents.base import KeyPolicy
 
     if not isinstance(policy, KeyPolicy) or len(dp.waiting) == 0:
         return None
+    admission_keys = getattr(policy, "admission_keys", None)
+    if admission_keys is not None:
+        return np.asarray(admission_keys(dp), np.float64)
     return np.asarray(policy.keys(policy.view(dp)), np.float64)
 
 
