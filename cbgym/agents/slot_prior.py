@@ -22,8 +22,8 @@ a function of the observation alone, so it reads nothing the env does not show:
 |                 | TTFT target, the tightest highest; a request's own band by k as above    |
 | unreachable     | -1.5 (at or below any shed threshold; shed by the env's own rule): no    |
 |                 | first token and waited + ``c_f`` + ``c_p x`` > its class's TTFT target    |
-| not fitting     | ``cb-sjf-work-fit`` only: hold - 0.05 (held) for a reachable request     |
-|                 | its rule leaves out of the batch (the batch's shared prefill would make  |
+| not fitting     | ``cb-sjf-work-fit[-tiers]`` only: hold - 0.05 (held) for a reachable     |
+|                 | request its rule leaves out of the batch (the shared prefill would make  |
 |                 | one of them miss its target)                                             |
 | running slot j  | ``1 - 2 j / R``: vLLM's victims, the most recently admitted first        |
 | running cap     | the score whose cap is CAP (1 without one)                               |
