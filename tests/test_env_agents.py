@@ -28,7 +28,8 @@ AGING_WEIGHT = "0.5"
 # for key policies with vLLM's default victims, does not play; vtc, drr, wfq: their order
 # depends on what each tenant has received, no key of a request's own)
 FAST_PATH_ONLY = {"random", "oracle-srpt", "slo-edf", "cb-sjf-work-shed", "oracle-work-shed",
-                  "cb-sjf-work-fit", "cb-sjf-work-fit-tiers",
+                  "cb-sjf-work-fit", "cb-sjf-work-fit-tiers", "cb-sjf-work-serial",
+                  "cb-sjf-work-serial-tiers",
                   "learned", "priority",
                   "vtc", "drr", "wfq", "token-bucket", "strict-tiers", "least-slack",
                   # need a trained predictor and arrival_features: test_predictor.py

@@ -145,3 +145,48 @@ def test_targets_are_checked() -> None:
         pol.reset(PolicyContext(PAPER, 3, 0, ttft_target_s=np.array([1.0, 0.0, 1.0])))
     pol.reset(PolicyContext(PAPER, 3, 0))  # no targets: the default 2 s
     assert (pol.ttft == 2.0).all()
+
+
+def test_cb_sjf_work_serial_admits_one_prefill_at_a_time() -> None:
+    """On a chunked-prefill engine it admits a request only once every admitted prompt is
+    computed: no admission while another prefill is under way, one at a time; it sheds as
+    cb-sjf-work-shed sheds, and its cap is its label's."""
+    engine = cbgym.EngineConfig(preset="llama-2-7b/a100-80gb", max_num_batched_tokens=512)
+    tr = overload(300, seed=5)
+    slo = SLO(ttft_s=3.0, tpot_s=0.1)
+    for policy in ("cb-sjf-work-serial", "cb-sjf-work-serial:4"):
+        req = simulate(tr, policy, engine, load=1.2, slo=slo).requests
+        assert req["preemptions"].sum() == 0  # (else a recomputed prompt would overlap)
+        served = req[req["status"] == "finished"].sort_values("first_scheduled_s")
+        first_token = (served["arrival_s"] + served["ttft_s"]).to_numpy()
+        start = served["first_scheduled_s"].to_numpy()
+        assert (start[1:] >= first_token[:-1] - 1e-9).all(), policy
+        shed = req[req["status"] == "shed"]
+        assert len(shed) > 0 and (shed["reason"] == "slo_unreachable").all()
+    # the rule it restricts admits while prefills are under way (so the check above bites)
+    req = simulate(tr, "cb-sjf-work-shed", engine, load=1.2, slo=slo).requests
+    served = req[req["status"] == "finished"].sort_values("first_scheduled_s")
+    overlap = served["first_scheduled_s"].to_numpy()[1:] < (
+        served["arrival_s"] + served["ttft_s"]).to_numpy()[:-1]
+    assert overlap.sum() > 10
+    assert make_policy("cb-sjf-work-serial:16").label == "cb-sjf-work-serial:16"
+
+
+def test_cb_sjf_work_serial_tiers_is_serial_with_one_target_and_admits_the_tight_one_first(
+        ) -> None:
+    engine = cbgym.EngineConfig(preset="llama-2-7b/a100-80gb", max_num_batched_tokens=512)
+    tr = overload(300, seed=5)
+    slo = SLO(ttft_s=3.0, tpot_s=0.1)
+    for spec in ("", ":8"):
+        a = simulate(tr, f"cb-sjf-work-serial-tiers{spec}", engine, load=1.2, slo=slo).requests
+        b = simulate(tr, f"cb-sjf-work-serial{spec}", engine, load=1.2, slo=slo).requests
+        assert a["first_scheduled_s"].equals(b["first_scheduled_s"]), spec
+        assert a["status"].equals(b["status"]), spec
+    tiers = {0: SLO(ttft_s=1.0, tpot_s=0.1), 1: SLO(ttft_s=30.0, tpot_s=1.0)}
+    tr = overload(classes=True)
+    res = {p: simulate(tr, p, engine, load=1.2, slo=tiers).requests
+           for p in ("cb-sjf-work-serial-tiers", "cb-sjf-work-serial")}
+    shed = {p: int(((r["slo_class"] == 0) & (r["status"] == "shed")).sum())
+            for p, r in res.items()}
+    assert shed["cb-sjf-work-serial-tiers"] < shed["cb-sjf-work-serial"], shed
+    assert make_policy("cb-sjf-work-serial-tiers:24").label == "cb-sjf-work-serial-tiers:24"

@@ -11,6 +11,7 @@ pytest.importorskip("stable_baselines3")
 
 import cbgym  # noqa: E402
 from cbgym.agents.slot_prior import HeuristicPrior, as_numpy, prior_spec  # noqa: E402
+from cbgym.engine import EngineConfig, LinearCostModel  # noqa: E402
 from tests.test_imitation import overload_env  # noqa: E402
 
 
@@ -119,3 +120,42 @@ def test_a_prior_names_what_it_cannot_play() -> None:
         prior_spec("fcfs", env.config, env.slo, -0.5, True)
     with pytest.raises(ValueError, match="needs the env's cap score"):
         prior_spec("cb-sjf-work-shed:4", env.config, env.slo, -0.5, False)
+
+
+@pytest.mark.parametrize("policy", ["cb-sjf-work-serial:6", "cb-sjf-work-serial"])
+def test_the_serial_prior_alone_plays_cb_sjf_work_serial_request_for_request(
+        policy: str) -> None:
+    """The same for cb-sjf-work-serial on an engine whose prompts take several chunks: while
+    a visible running request computes its prompt, nothing is admitted."""
+    cfg = EngineConfig(preset=None, cost_model=LinearCostModel(), num_kv_blocks=400,
+                       max_num_batched_tokens=256)
+    env = overload_env(K=64, engine=cfg)
+    played = _played(env, _prior(env, policy))
+    fast = cbgym.simulate(env.episode_trace, policy, engine=env.config, slo=env.slo).requests
+    shed = cbgym.simulate(env.episode_trace, policy.replace("-serial", "-shed"),
+                          engine=env.config, slo=env.slo).requests
+    assert not shed["first_scheduled_s"].equals(fast["first_scheduled_s"])  # serial matters
+    for col in ("first_scheduled_s", "finish_s", "status"):
+        np.testing.assert_array_equal(played[col].to_numpy(), fast[col].to_numpy(), err_msg=col)
+
+
+def test_the_serial_tiers_prior_alone_plays_cb_sjf_work_serial_tiers_request_for_request(
+        ) -> None:
+    """The same for cb-sjf-work-serial-tiers on two SLO tiers."""
+    rng = np.random.default_rng(4)
+    n = 300
+    trace = cbgym.Trace.from_arrays(np.cumsum(rng.exponential(0.02, n)),
+                                    rng.integers(20, 1500, n), rng.integers(2, 200, n),
+                                    slo_class=rng.integers(0, 2, n))
+    cfg = EngineConfig(preset=None, cost_model=LinearCostModel(), num_kv_blocks=400,
+                       max_num_batched_tokens=256)
+    env = overload_env(K=64, trace=trace, engine=cfg,
+                       slo={0: cbgym.SLO(0.5, 0.05), 1: cbgym.SLO(5.0, 0.1)})
+    policy = "cb-sjf-work-serial-tiers:6"
+    played = _played(env, _prior(env, policy))
+    fast = cbgym.simulate(env.episode_trace, policy, engine=env.config, slo=env.slo).requests
+    plain = cbgym.simulate(env.episode_trace, "cb-sjf-work-serial:6", engine=env.config,
+                           slo=env.slo).requests
+    assert not plain["first_scheduled_s"].equals(fast["first_scheduled_s"])  # tiers matter
+    for col in ("first_scheduled_s", "finish_s", "status"):
+        np.testing.assert_array_equal(played[col].to_numpy(), fast[col].to_numpy(), err_msg=col)

@@ -40,9 +40,9 @@ EXTRA = {"tenants-noisy-neighbour": ["--window-rule", "smallest_prompt"]}
 
 # the tasks whose shipped policy came from the direct search, and its settings there (its
 # validation beat the PPO recipe's on each: docs/benchmark.md, "Direct policy search")
-ES = {  # (its run stopped at the 55-minute budget after 76 generations; generation 76 chose)
-      "tenants-noisy-neighbour": ["--prior", "cb-sjf-work-fit-tiers:24", "--generations", "100",
-                                  "--time-budget-min", "55"],
+ES = {  # (its run stopped at the 55-minute budget after 63 generations; generation 40 chose)
+      "tenants-noisy-neighbour": ["--prior", "cb-sjf-work-serial-tiers:24", "--generations",
+                                  "100", "--time-budget-min", "55"],
       "conv-study-overload": ["--prior", "cb-sjf-work-fit:32", "--generations", "60",
                               "--time-budget-min", "40"],
       # (its run stopped at the 28-minute budget after 55 generations; generation 30 chose)

@@ -19,7 +19,8 @@ from cbgym.tasks.evaluate import evaluate
 CAPS = (4, 6, 8, 10, 12, 16, 20, 24, 28, 32, 48, 64, 96, 128)
 
 
-POLICIES = ("cb-sjf-work-shed", "cb-sjf-work-fit", "cb-sjf-work-fit-tiers")  # the capped rules
+POLICIES = ("cb-sjf-work-shed", "cb-sjf-work-fit", "cb-sjf-work-fit-tiers",
+            "cb-sjf-work-serial", "cb-sjf-work-serial-tiers")  # the capped rules
 
 
 def tune(task: str, policy: str = POLICIES[0]) -> tuple[str, dict[str, float]]:

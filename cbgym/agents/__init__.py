@@ -28,6 +28,8 @@ least-slack            the earliest TTFT deadline (arrival + its class's target)
 cb-sjf-work-shed[:CAP] cb-sjf-work; sheds as slo-edf; at most CAP running          no
 cb-sjf-work-fit[:CAP]  the same; admits only what meets TTFT with its batch        no
 cb-sjf-work-fit-tiers  the same, the tighter TTFT target's requests first         no
+cb-sjf-work-serial     cb-sjf-work-shed, one prefill at a time                      no
+cb-sjf-work-serial-tiers  the same, the tighter TTFT target's requests first      no
 oracle-work-shed[:CAP] cb-sjf-work-shed in oracle-work order (headroom)            yes
 learned[:NAME|PATH]    a trained SB3 model (default: the shipped checkpoint)       no
 =====================  ==========================================================  ==========
@@ -63,6 +65,8 @@ from cbgym.agents.sjf_ctx import SJFCtx
 from cbgym.agents.slo_edf import (
     CBSJFWorkFit,
     CBSJFWorkFitTiers,
+    CBSJFWorkSerial,
+    CBSJFWorkSerialTiers,
     CBSJFWorkShed,
     OracleWorkShed,
     SLOEarliestDeadline,
@@ -77,9 +81,8 @@ POLICIES: dict[str, type[Policy]] = {
     for cls in (FCFS, SJFCtx, CBSJFWork, LJFWork, RandomOrder, OracleSJF, OracleWork,
                 OracleSRPT, NoisyOracle, NoisyOracleWork, SJFPred, CBSJFWorkPred, *AGING_POLICIES,
                 SLOEarliestDeadline, CBSJFWorkShed, CBSJFWorkFit, CBSJFWorkFitTiers,
-                OracleWorkShed,
-                Priority, StrictTiers, LeastSlack, VTC, DRR, WFQ, TokenBucket,
-                LearnedPolicy, *PREFIX_POLICIES)
+                CBSJFWorkSerial, CBSJFWorkSerialTiers, OracleWorkShed, Priority, StrictTiers,
+                LeastSlack, VTC, DRR, WFQ, TokenBucket, LearnedPolicy, *PREFIX_POLICIES)
 }
 
 
@@ -164,7 +167,8 @@ def _checked(cls: object, name: str) -> type[Policy]:
 
 __all__ = [
     "POLICIES", "make_policy", "with_aging", "KeyPolicy", "QueueView", "FCFS", "SJFCtx",
-    "CBSJFWork", "CBSJFWorkShed", "CBSJFWorkFit", "CBSJFWorkFitTiers", "OracleWorkShed",
+    "CBSJFWork", "CBSJFWorkShed", "CBSJFWorkFit", "CBSJFWorkFitTiers", "CBSJFWorkSerial",
+    "CBSJFWorkSerialTiers", "OracleWorkShed",
     "LJFWork", "Priority",
     "VTC", "DRR", "WFQ",
     "TokenBucket", "StrictTiers", "LeastSlack", "RandomOrder",

@@ -9,7 +9,8 @@ builds it.
 
 The prior is ``cb-sjf-work-shed[:CAP]`` (:class:`cbgym.agents.slo_edf.CBSJFWorkShed`),
 ``cb-sjf-work-fit[:CAP]`` (:class:`~cbgym.agents.slo_edf.CBSJFWorkFit`) or
-``cb-sjf-work-fit-tiers[:CAP]`` (:class:`~cbgym.agents.slo_edf.CBSJFWorkFitTiers`) written as
+``cb-sjf-work-fit-tiers[:CAP]`` (:class:`~cbgym.agents.slo_edf.CBSJFWorkFitTiers`) or
+``cb-sjf-work-serial[-tiers][:CAP]`` (:class:`~cbgym.agents.slo_edf.CBSJFWorkSerial`) written as
 a function of the observation alone, so it reads nothing the env does not show:
 
 | slot / score    | prior                                                                    |
@@ -25,6 +26,11 @@ a function of the observation alone, so it reads nothing the env does not show:
 | not fitting     | ``cb-sjf-work-fit[-tiers]`` only: hold - 0.05 (held) for a reachable     |
 |                 | request its rule leaves out of the batch (the shared prefill would make  |
 |                 | one of them miss its target)                                             |
+| one at a time   | ``cb-sjf-work-serial[-tiers]`` only: hold - 0.05 for every reachable     |
+|                 | request but the least-key one (the first in slot order among equal      |
+|                 | keys), and for that one too while a visible running slot is still       |
+|                 | computing its prompt (computed < prompt + generated - 1, at least the   |
+|                 | prompt)                                                                  |
 | running slot j  | ``1 - 2 j / R``: vLLM's victims, the most recently admitted first        |
 | running cap     | the score whose cap is CAP (1 without one)                               |
 | empty slot      | 0                                                                        |
@@ -34,7 +40,8 @@ Every quantity is decoded from the observation in float64: prompt and generated 
 float32's precision (microseconds: a request within that of a threshold may be decided the
 other way, more often with ``cb-sjf-work-fit``, which compares more thresholds). Within the
 visible window the prior admits what the heuristic would, in its order (tested against the fast
-path); requests outside the window are held, as the env holds them.
+path); requests outside the window are held, as the env holds them. (``cb-sjf-work-serial``
+sees only the R most recent running requests: with a cap of at most R, every one.)
 """
 
 from __future__ import annotations
@@ -63,7 +70,8 @@ from cbgym.metrics import SLO, SLOSpec
 
 __all__ = ["PRIOR_POLICIES", "HeuristicPrior", "PriorSpec", "prior_spec"]
 
-PRIOR_POLICIES = ("cb-sjf-work-shed", "cb-sjf-work-fit", "cb-sjf-work-fit-tiers")
+PRIOR_POLICIES = ("cb-sjf-work-shed", "cb-sjf-work-fit", "cb-sjf-work-fit-tiers",
+                  "cb-sjf-work-serial", "cb-sjf-work-serial-tiers")
 UNREACHABLE_SCORE = -1.5  # past the range on purpose: SB3 clips, so exploration noise never
 # lifts a shed above a -0.99 threshold
 _KEY_SCALE_S = 1.0  # keys of 10 ms to 100 s stay apart in float32
@@ -75,6 +83,7 @@ _MEAN_ALL, _SEEN_ALL = global_index("recent_output_mean_all"), global_index(
     "recent_output_seen_all")
 _PROMPT, _GENERATED = slot_index("prompt_tokens"), slot_index("num_generated")
 _WAITED, _CLASS = slot_index("time_in_system"), slot_index("slo_class")
+_COMPUTED = slot_index("num_computed")
 
 
 @dataclass(frozen=True)
@@ -162,6 +171,7 @@ class HeuristicPrior(nn.Module):
         name = spec.policy.partition(":")[0]
         self.fit = name in ("cb-sjf-work-fit", "cb-sjf-work-fit-tiers")
         self.held = spec.hold - 0.05
+        self.serial = name.startswith("cb-sjf-work-serial")
         # each SLO class's tier: the rank of its TTFT target among the distinct ones (tightest
         # 0); with "-tiers" a tier orders before every looser one, else one tier for all
         targets = sorted(set(spec.ttft_s))
@@ -205,11 +215,26 @@ class HeuristicPrior(nn.Module):
                              th.full_like(waited, math.inf))
             fits = self._fits(key, (mask > 0.5) & ~lost, prompt + generated, spare)
             score = th.where(fits, score, th.full_like(score, self.held))
+        if self.serial:
+            score = th.where(self._one(x, key, (mask > 0.5) & ~lost), score,
+                             th.full_like(score, self.held))
         waiting = th.where(lost, th.full_like(score, UNREACHABLE_SCORE), score) * mask
         out = [waiting.float(), self.running * features[:, s["running_mask"]]]
         if self.spec.cap_score is not None:
             out.append(features.new_full((features.shape[0], 1), self.spec.cap_score))
         return th.cat(out, dim=1)
+
+    def _one(self, x: th.Tensor, key: th.Tensor, candidate: th.Tensor) -> th.Tensor:
+        """cb-sjf-work-serial's admission (:class:`cbgym.agents.slo_edf.CBSJFWorkSerial`):
+        the least-key candidate (the first slot among equal keys), none while a running
+        slot is still computing its prompt."""
+        run = x[:, self.slices["running"]].reshape(-1, self.R, self.F)
+        prompt, computed = _count(run[..., _PROMPT]), _count(run[..., _COMPUTED])
+        owed = prompt + (_count(run[..., _GENERATED]) - 1.0).clamp(min=0.0)
+        busy = ((computed < owed) & (x[:, self.slices["running_mask"]] > 0.5)).any(dim=1)
+        first = th.argmin(th.where(candidate, key, th.full_like(key, math.inf)), dim=1)
+        one = th.zeros_like(candidate).scatter(1, first[:, None], True)
+        return one & candidate & ~busy[:, None]
 
     def _fits(self, key: th.Tensor, candidate: th.Tensor, tokens: th.Tensor, spare: th.Tensor
               ) -> th.Tensor:

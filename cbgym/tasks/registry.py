@@ -149,7 +149,8 @@ TASKS: Mapping[str, Task] = MappingProxyType({task.name: task for task in (
          "(inter-arrival CV 13) overload the engine for seconds at a time.",
          trace="azure-code-2023", engine="llama-2-7b/a100-80gb", train_load=(0.6, 1.0),
          test_load=0.8, slo=SLO(ttft_s=3.0, tpot_s=0.1), env=TASK_ENV,
-         references=("cb-sjf-work-shed:10", "cb-sjf-work-fit:10"), test_windows=5),
+         references=("cb-sjf-work-shed:10", "cb-sjf-work-fit:10", "cb-sjf-work-serial:16"),
+         test_windows=5),
     Task("conv-study-interactive",
          "Interactive targets (500 ms to the first token) on the study's engine past "
          "saturation: only prompts short enough, and admitted early enough, can meet them.",
@@ -168,8 +169,8 @@ TASKS: Mapping[str, Task] = MappingProxyType({task.name: task for task in (
          train_load=(1.0, 1.4), test_load=1.2, slo=tier_slos(), episode_requests=1024,
          env={**TASK_ENV, "tenant_features": 2},
          references=("cb-sjf-work-shed:24", "cb-sjf-work-fit:24", "cb-sjf-work-fit-tiers:24",
-                     "priority", "strict-tiers", "vtc", "drr", "wfq",
-                     "least-slack", "cb-sjf-work-slo-aging:0.05")),
+                     "cb-sjf-work-serial-tiers:24", "priority", "strict-tiers", "vtc", "drr",
+                     "wfq", "least-slack", "cb-sjf-work-slo-aging:0.05")),
     Task("prefix-conv-mooncake",
          "Kimi's conversation trace (12k-token prompts, block ids) past saturation on one "
          "H100 with vLLM's prefix caching: the shared system prompt and recent turns hit, "
