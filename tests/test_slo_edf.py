@@ -190,3 +190,28 @@ def test_cb_sjf_work_serial_tiers_is_serial_with_one_target_and_admits_the_tight
             for p, r in res.items()}
     assert shed["cb-sjf-work-serial-tiers"] < shed["cb-sjf-work-serial"], shed
     assert make_policy("cb-sjf-work-serial-tiers:24").label == "cb-sjf-work-serial-tiers:24"
+
+
+def test_cb_sjf_work_serial_keeps_one_prompt_in_flight_through_preemptions() -> None:
+    """With KV memory short enough to preempt, a victim recomputes its prompt and what it
+    generated: it counts as prefilling until then, so at every decision at most one running
+    request is computing its prompt, the most recently admitted."""
+    from cbgym.agents.slo_edf import CBSJFWorkSerial
+
+    seen: list[int] = []
+
+    class Spy(CBSJFWorkSerial):
+        def decide(self, dp: cbgym.engine.DecisionPoint) -> cbgym.engine.Decision:
+            r = dp.running
+            owed = dp.prompt_tokens[r] + np.maximum(dp.num_generated[r] - 1, 0)
+            busy = np.flatnonzero(dp.num_computed[r] < owed)
+            seen.append(len(busy))
+            assert len(busy) == 0 or busy[-1] == len(r) - 1
+            return super().decide(dp)
+
+    engine = cbgym.EngineConfig(preset="llama-2-7b/a100-80gb", max_num_batched_tokens=512,
+                                num_kv_blocks=300)
+    req = simulate(overload(300, seed=5), Spy(), engine, load=1.2,
+                   slo=SLO(ttft_s=3.0, tpot_s=0.1)).requests
+    assert req["preemptions"].sum() > 0
+    assert max(seen) == 1

@@ -1,38 +1,39 @@
 """Baseline and learned scheduling policies, each a ``decide(DecisionPoint) -> Decision``.
 
-=====================  ==========================================================  ==========
-name                   admits first                                                privileged
-=====================  ==========================================================  ==========
-fcfs                   queue order (vLLM's default)                                no
-sjf-ctx                fewest prompt tokens                                        no
-cb-sjf-work[:global]   least estimated work c_f + c_p x + c_d yhat (content-blind)  no
-cb-sjf-work:hgb        the same, yhat from the study's learned predictor (frozen)    no
-sjf-pred[:FILE]        shortest predicted output (the study's SJF-Pred)              no
-ljf-work               most estimated work (control)                               no
-random                 a random priority fixed per request (control)               no
-oracle-sjf             shortest true output                                        yes
-oracle-work            least true work c_f + c_p x + c_d y                         yes
-oracle-srpt            least remaining work, evicting longer running requests      yes
-noisy-oracle:ACC       oracle-sjf on lengths shuffled among 1-ACC of requests      yes
-noisy-oracle-work:ACC  oracle-work on the same believed lengths                    yes
-<key policy>-aging:W   the key in seconds of work minus W x seconds waited         as base
-sjf-ctx-slo-aging:W    ... minus W x TTFT targets waited (also cb-sjf-work-)        no
-slo-edf                earliest TTFT deadline; sheds requests that cannot meet it  no
-priority               (priority, arrival), evicting the largest: vLLM's policy     no
-vtc                    the tenant with the least service so far (VTC, OSDI'24)     no
-drr                    tenants in a round, each visit a quantum of prompt tokens   no
-wfq                    the smallest virtual finish tag (self-clocked fair queue)   no
-token-bucket           FCFS, each tenant's prompts rate-limited by a token bucket  no
-strict-tiers           the interactive SLO class first, evicting the lower tier    no
-least-slack            the earliest TTFT deadline (arrival + its class's target)   no
-cb-sjf-work-shed[:CAP] cb-sjf-work; sheds as slo-edf; at most CAP running          no
-cb-sjf-work-fit[:CAP]  the same; admits only what meets TTFT with its batch        no
-cb-sjf-work-fit-tiers  the same, the tighter TTFT target's requests first         no
-cb-sjf-work-serial     cb-sjf-work-shed, one prefill at a time                      no
-cb-sjf-work-serial-tiers  the same, the tighter TTFT target's requests first      no
-oracle-work-shed[:CAP] cb-sjf-work-shed in oracle-work order (headroom)            yes
-learned[:NAME|PATH]    a trained SB3 model (default: the shipped checkpoint)       no
-=====================  ==========================================================  ==========
+==============================  ========================================================  ==========
+name                            admits first                                              privileged
+==============================  ========================================================  ==========
+name                            admits first                                              privileged
+fcfs                            queue order (vLLM's default)                              no
+sjf-ctx                         fewest prompt tokens                                      no
+cb-sjf-work[:global]            least estimated work c_f + c_p x + c_d yhat               no
+cb-sjf-work:hgb                 the same, yhat from the study's frozen predictor          no
+sjf-pred[:FILE]                 shortest predicted output (the study's SJF-Pred)          no
+ljf-work                        most estimated work (control)                             no
+random                          a random priority fixed per request (control)             no
+oracle-sjf                      shortest true output                                      yes
+oracle-work                     least true work c_f + c_p x + c_d y                       yes
+oracle-srpt                     least remaining work, evicting longer running requests    yes
+noisy-oracle:ACC                oracle-sjf on lengths shuffled among 1-ACC of requests    yes
+noisy-oracle-work:ACC           oracle-work on the same believed lengths                  yes
+<key policy>-aging:W            the key in seconds of work minus W x seconds waited       as base
+sjf-ctx-slo-aging:W             ... minus W x TTFT targets waited (also cb-sjf-work-)     no
+slo-edf                         earliest TTFT deadline; sheds what cannot meet it         no
+priority                        (priority, arrival), evicting the largest: vLLM's policy  no
+vtc                             the tenant with the least service so far (VTC, OSDI'24)   no
+drr                             tenants in a round, a quantum of prompt tokens a visit    no
+wfq                             smallest virtual finish tag (self-clocked fair queue)     no
+token-bucket                    FCFS; each tenant's prompts rate-limited (token bucket)   no
+strict-tiers                    the interactive SLO class first, evicting the lower tier  no
+least-slack                     earliest TTFT deadline (arrival + its class's target)     no
+cb-sjf-work-shed[:CAP]          cb-sjf-work; sheds as slo-edf; at most CAP running        no
+cb-sjf-work-fit[:CAP]           the same; admits only what meets TTFT with its batch      no
+cb-sjf-work-fit-tiers[:CAP]     the same, the tighter TTFT target's requests first        no
+cb-sjf-work-serial[:CAP]        cb-sjf-work-shed, one prefill at a time                   no
+cb-sjf-work-serial-tiers[:CAP]  the same, the tighter TTFT target's requests first        no
+oracle-work-shed[:CAP]          cb-sjf-work-shed in oracle-work order (headroom)          yes
+learned[:NAME|PATH]             a trained SB3 model (default: the shipped checkpoint)     no
+==============================  ========================================================  ==========
 """
 
 from __future__ import annotations

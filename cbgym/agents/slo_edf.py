@@ -196,7 +196,24 @@ class CBSJFWorkFit(CBSJFWorkShed):
         return replace(shed, order=cand[take])
 
 
-class CBSJFWorkFitTiers(CBSJFWorkFit):
+class TiersFirst:
+    """Mixin of the ``-tiers`` rules: the tighter TTFT target's requests first, then the
+    rule's own keys (:func:`tier_ranks`)."""
+
+    ttft: np.ndarray
+
+    def admission_keys(self, dp: DecisionPoint) -> np.ndarray:
+        return tier_ranks(super().admission_keys(dp), self.ttft[dp.waiting])  # type: ignore[misc]
+
+
+def tier_ranks(keys: np.ndarray, ttft: np.ndarray) -> np.ndarray:
+    """Each request's rank by (TTFT target, key): the tighter target first."""
+    ranks = np.empty(len(keys))  # (a rank per request: ties already broken by position)
+    ranks[np.lexsort((keys, ttft))] = np.arange(len(keys))
+    return ranks
+
+
+class CBSJFWorkFitTiers(TiersFirst, CBSJFWorkFit):
     """``cb-sjf-work-fit[:CAP]`` that admits the tighter TTFT target's requests first: by
     target, then by CB-SJF-Work's key, ties in queue order.
 
@@ -208,16 +225,6 @@ class CBSJFWorkFitTiers(CBSJFWorkFit):
     """
 
     name = "cb-sjf-work-fit-tiers"
-
-    def admission_keys(self, dp: DecisionPoint) -> np.ndarray:
-        return tier_ranks(super().admission_keys(dp), self.ttft[dp.waiting])
-
-
-def tier_ranks(keys: np.ndarray, ttft: np.ndarray) -> np.ndarray:
-    """Each request's rank by (TTFT target, key): the tighter target first (``-tiers``)."""
-    ranks = np.empty(len(keys))  # (a rank per request: ties already broken by position)
-    ranks[np.lexsort((keys, ttft))] = np.arange(len(keys))
-    return ranks
 
 
 def prefilling(dp: DecisionPoint) -> bool:
@@ -236,13 +243,15 @@ class CBSJFWorkSerial(CBSJFWorkShed):
     On vLLM's engines a prefill chunk shares its iteration with every running decode, so it
     stretches their inter-token time: on ``llama-2-7b/a100-80gb`` an iteration with a full
     2,048-token chunk takes about 140 ms against 17 ms for 10 decodes alone, past a 100 ms
-    TPOT target. Admitting whenever the batch has room keeps a chunk in nearly every
-    iteration during a burst, and requests with a handful of output tokens (the code trace's
-    median is 13) have no later fast tokens to average it out. One prefill at a time leaves
-    decode-only iterations between admissions (vLLM's V0 scheduler bounds concurrent partial
-    prefills the same way, ``--max-num-partial-prefills``, default 1). With one admission the
-    TTFT fit of ``cb-sjf-work-fit`` holds by itself: the first candidate is reachable alone.
-    Measured in docs/benchmark.md. Content-blind, not privileged.
+    TPOT target, and requests with a handful of output tokens (the code trace's median is 13)
+    have few fast tokens to average such iterations out. Admitting whenever the batch has
+    room fills the token budget with the heads of the next prompts; this rule leaves an
+    iteration at most one prompt's chunk, so prefill iterations are shorter (on
+    ``code-vllm-bursty``'s validation windows, iterations with requests waiting, 928 prefill
+    tokens each against 1,293 for ``cb-sjf-work-shed:16``), at the cost of budget left
+    unused. With one admission the TTFT fit of ``cb-sjf-work-fit`` holds by itself: the
+    first candidate is reachable alone. Measured in docs/benchmark.md. Content-blind, not
+    privileged.
     """
 
     name = "cb-sjf-work-serial"
@@ -256,15 +265,12 @@ class CBSJFWorkSerial(CBSJFWorkShed):
         return self.ordered(dp, self.admission_keys(dp), room)
 
 
-class CBSJFWorkSerialTiers(CBSJFWorkSerial):
+class CBSJFWorkSerialTiers(TiersFirst, CBSJFWorkSerial):
     """``cb-sjf-work-serial[:CAP]`` that admits the tighter TTFT target's requests first, as
     ``cb-sjf-work-fit-tiers`` orders them. With one target for every request it makes
-    ``cb-sjf-work-serial``'s decisions. Content-blind, not privileged."""
+    ``cb-sjf-work-serial``'s decisions (tested). Content-blind, not privileged."""
 
     name = "cb-sjf-work-serial-tiers"
-
-    def admission_keys(self, dp: DecisionPoint) -> np.ndarray:
-        return tier_ranks(super().admission_keys(dp), self.ttft[dp.waiting])
 
 
 class OracleWorkShed(CBSJFWorkShed):

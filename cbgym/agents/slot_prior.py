@@ -40,8 +40,10 @@ Every quantity is decoded from the observation in float64: prompt and generated 
 float32's precision (microseconds: a request within that of a threshold may be decided the
 other way, more often with ``cb-sjf-work-fit``, which compares more thresholds). Within the
 visible window the prior admits what the heuristic would, in its order (tested against the fast
-path); requests outside the window are held, as the env holds them. (``cb-sjf-work-serial``
-sees only the R most recent running requests: with a cap of at most R, every one.)
+path); requests outside the window are held, as the env holds them. So where
+``cb-sjf-work-serial``'s pick lies outside the window, the prior admits the least-key visible
+request instead. (Its prefill test sees the R most recent running requests: under the rule at
+most one is computing its prompt, the most recently admitted, always visible.)
 """
 
 from __future__ import annotations
@@ -94,7 +96,7 @@ class PriorSpec:
         work: ``(c_f, c_p, c_d)`` of the engine (:func:`cbgym.agents.work.work_coefficients`).
         lead: the ``"unreachable"`` shed lead ``(a, b)`` (:func:`cbgym.agents.work.shed_lead`).
         ttft_s: the TTFT target of SLO class 0, 1, ... (one entry: every class).
-        policy: the rule's spec (``cb-sjf-work-fit-tiers`` orders by the classes' targets).
+        policy: the rule's spec (the ``-tiers`` rules order by the classes' targets).
         hold: the env's hold threshold.
         cap_score: the running-cap score (1.0: no cap); None if the env has no cap score.
     """
