@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 import pytest
 
 import cbgym
@@ -87,21 +88,32 @@ def test_cb_sjf_work_fit_admits_only_what_its_batch_lets_meet_the_target() -> No
     assert make_policy("cb-sjf-work-fit:8").label == "cb-sjf-work-fit:8"
 
 
-def test_cb_sjf_work_fit_tiers_admits_the_tighter_target_first_and_is_fit_with_one() -> None:
-    # one target for every request: cb-sjf-work-fit's decisions, request for request
-    tr = overload(600, seed=3)
-    slo = SLO(ttft_s=0.5, tpot_s=0.2)
+def assert_same_decisions(rule: str, tr: cbgym.Trace, engine: cbgym.EngineConfig,
+                          load: float, slo: SLO) -> None:
+    """``rule-tiers`` makes ``rule``'s decisions with one TTFT target, capped or not."""
     for spec in ("", ":8"):
-        a = simulate(tr, f"cb-sjf-work-fit-tiers{spec}", PAPER, load=1.4, slo=slo).requests
-        b = simulate(tr, f"cb-sjf-work-fit{spec}", PAPER, load=1.4, slo=slo).requests
+        a = simulate(tr, f"{rule}-tiers{spec}", engine, load=load, slo=slo).requests
+        b = simulate(tr, f"{rule}{spec}", engine, load=load, slo=slo).requests
         assert a["first_scheduled_s"].equals(b["first_scheduled_s"]), spec
         assert a["status"].equals(b["status"]), spec
+
+
+def two_tier_runs(rule: str, engine: cbgym.EngineConfig, tpot_s: tuple[float, float]
+                  ) -> dict[str, pd.DataFrame]:
+    """The request tables of ``rule-tiers`` and ``rule`` on two tiers (TTFT 1 s and 30 s)."""
+    tiers = {0: SLO(ttft_s=1.0, tpot_s=tpot_s[0]), 1: SLO(ttft_s=30.0, tpot_s=tpot_s[1])}
+    tr = overload(classes=True)
+    return {p: simulate(tr, p, engine, load=1.2, slo=tiers).requests
+            for p in (f"{rule}-tiers", rule)}
+
+
+def test_cb_sjf_work_fit_tiers_admits_the_tighter_target_first_and_is_fit_with_one() -> None:
+    # one target for every request: cb-sjf-work-fit's decisions, request for request
+    assert_same_decisions("cb-sjf-work-fit", overload(600, seed=3), PAPER, 1.4,
+                          SLO(ttft_s=0.5, tpot_s=0.2))
     # two tiers: the tight one is admitted ahead of the loose one's shorter requests, so
     # fewer of it are shed and more meet the target; the loose one still makes its 30 s
-    tiers = {0: SLO(ttft_s=1.0, tpot_s=0.2), 1: SLO(ttft_s=30.0, tpot_s=0.2)}
-    tr = overload(classes=True)
-    res = {p: simulate(tr, p, PAPER, load=1.2, slo=tiers).requests
-           for p in ("cb-sjf-work-fit-tiers", "cb-sjf-work-fit")}
+    res = two_tier_runs("cb-sjf-work-fit", PAPER, tpot_s=(0.2, 0.2))
     tight = {p: r[r["slo_class"] == 0] for p, r in res.items()}
     shed = {p: int((t["status"] == "shed").sum()) for p, t in tight.items()}  # 33 and 45
     met = {p: int((t["ttft_s"] <= 1.0).sum()) for p, t in tight.items()}  # 154 and 142
@@ -175,17 +187,9 @@ def test_cb_sjf_work_serial_admits_one_prefill_at_a_time() -> None:
 def test_cb_sjf_work_serial_tiers_is_serial_with_one_target_and_admits_the_tight_one_first(
         ) -> None:
     engine = cbgym.EngineConfig(preset="llama-2-7b/a100-80gb", max_num_batched_tokens=512)
-    tr = overload(300, seed=5)
-    slo = SLO(ttft_s=3.0, tpot_s=0.1)
-    for spec in ("", ":8"):
-        a = simulate(tr, f"cb-sjf-work-serial-tiers{spec}", engine, load=1.2, slo=slo).requests
-        b = simulate(tr, f"cb-sjf-work-serial{spec}", engine, load=1.2, slo=slo).requests
-        assert a["first_scheduled_s"].equals(b["first_scheduled_s"]), spec
-        assert a["status"].equals(b["status"]), spec
-    tiers = {0: SLO(ttft_s=1.0, tpot_s=0.1), 1: SLO(ttft_s=30.0, tpot_s=1.0)}
-    tr = overload(classes=True)
-    res = {p: simulate(tr, p, engine, load=1.2, slo=tiers).requests
-           for p in ("cb-sjf-work-serial-tiers", "cb-sjf-work-serial")}
+    assert_same_decisions("cb-sjf-work-serial", overload(300, seed=5), engine, 1.2,
+                          SLO(ttft_s=3.0, tpot_s=0.1))
+    res = two_tier_runs("cb-sjf-work-serial", engine, tpot_s=(0.1, 1.0))
     shed = {p: int(((r["slo_class"] == 0) & (r["status"] == "shed")).sum())
             for p, r in res.items()}
     assert shed["cb-sjf-work-serial-tiers"] < shed["cb-sjf-work-serial"], shed
