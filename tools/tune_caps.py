@@ -13,14 +13,14 @@ from __future__ import annotations
 
 import argparse
 
+from cbgym.agents.slo_edf import CAPPED_RULES
 from cbgym.tasks import TASKS
 from cbgym.tasks.evaluate import evaluate
 
 CAPS = (4, 6, 8, 10, 12, 16, 20, 24, 28, 32, 48, 64, 96, 128)
 
 
-POLICIES = ("cb-sjf-work-shed", "cb-sjf-work-fit", "cb-sjf-work-fit-tiers",
-            "cb-sjf-work-serial", "cb-sjf-work-serial-tiers")  # the capped rules
+POLICIES = tuple(CAPPED_RULES)  # the capped rules
 
 
 def tune(task: str, policy: str = POLICIES[0]) -> tuple[str, dict[str, float]]:

@@ -288,3 +288,10 @@ class OracleWorkShed(CBSJFWorkShed):
 
     def keys(self, view: QueueView) -> np.ndarray:
         return self.coef.work(view.prompt_tokens, _true_output(view))
+
+
+# the capped rules by name: what ``tools/tune_caps.py`` tunes and what the slot scorer's
+# residual prior plays (:mod:`cbgym.agents.slot_prior`)
+CAPPED_RULES: dict[str, type[CBSJFWorkShed]] = {
+    cls.name: cls for cls in (CBSJFWorkShed, CBSJFWorkFit, CBSJFWorkFitTiers, CBSJFWorkSerial,
+                              CBSJFWorkSerialTiers)}

@@ -58,6 +58,13 @@ import torch as th
 from torch import nn
 
 from cbgym.agents.base import OUTPUT_STAT_EDGES
+from cbgym.agents.slo_edf import (
+    CAPPED_RULES,
+    CBSJFWorkFit,
+    CBSJFWorkSerial,
+    CBSJFWorkShed,
+    TiersFirst,
+)
 from cbgym.agents.work import PRIOR_OUTPUT_TOKENS, shed_lead, work_coefficients
 from cbgym.engine.config import EngineConfig
 from cbgym.env.observation import (
@@ -72,8 +79,7 @@ from cbgym.metrics import SLO, SLOSpec
 
 __all__ = ["PRIOR_POLICIES", "HeuristicPrior", "PriorSpec", "prior_spec"]
 
-PRIOR_POLICIES = ("cb-sjf-work-shed", "cb-sjf-work-fit", "cb-sjf-work-fit-tiers",
-                  "cb-sjf-work-serial", "cb-sjf-work-serial-tiers")
+PRIOR_POLICIES = tuple(CAPPED_RULES)
 UNREACHABLE_SCORE = -1.5  # past the range on purpose: SB3 clips, so exploration noise never
 # lifts a shed above a -0.99 threshold
 _KEY_SCALE_S = 1.0  # keys of 10 ms to 100 s stay apart in float32
@@ -171,14 +177,14 @@ class HeuristicPrior(nn.Module):
         # cb-sjf-work-fit holds a reachable request its batch would make miss: below the hold
         # threshold (held; the env sheds only unreachable requests, whatever their score)
         name = spec.policy.partition(":")[0]
-        self.fit = name in ("cb-sjf-work-fit", "cb-sjf-work-fit-tiers")
+        rule = CAPPED_RULES.get(name, CBSJFWorkShed)  # (a spec saved before it named a rule)
+        self.fit = issubclass(rule, CBSJFWorkFit)
         self.held = spec.hold - 0.05
-        self.serial = name.startswith("cb-sjf-work-serial")
+        self.serial = issubclass(rule, CBSJFWorkSerial)
         # each SLO class's tier: the rank of its TTFT target among the distinct ones (tightest
         # 0); with "-tiers" a tier orders before every looser one, else one tier for all
         targets = sorted(set(spec.ttft_s))
-        tier = [targets.index(t) for t in spec.ttft_s] if name.endswith("-tiers") else [0] * len(
-            spec.ttft_s)
+        tier = [targets.index(t) if issubclass(rule, TiersFirst) else 0 for t in spec.ttft_s]
         self.tiers = max(tier) + 1
         self.register_buffer("tier", th.as_tensor(tier, dtype=th.float64), persistent=False)
         self.register_buffer("edges", th.as_tensor(OUTPUT_STAT_EDGES, dtype=th.float64),

@@ -24,11 +24,12 @@ Whenever the waiting queue fits in the window (at most K waiting), the agent rep
 fast path (``cbgym.simulate`` with the same policy) request for request, bit for bit. The
 exceptions: ``random`` draws fresh scores on the env (its fast-path keys are per request id,
 which the view does not carry; see :class:`cbgym.agents.RandomOrder`), and preemptive
-``oracle-srpt`` and the shedding ``slo-edf``, ``cb-sjf-work-shed``, ``cb-sjf-work-fit[-tiers]``
-and ``oracle-work-shed`` (``sheds = True``) run on the fast path only (constructing an
-EnvAgent for them raises ``TypeError``). The learned-predictor policies (``sjf-pred``,
-``cb-sjf-work:hgb``) read each slot's features at arrival, an opt-in part of the observation:
-they need an env made with ``arrival_features=True`` (:mod:`cbgym.env.arrival_obs`).
+``oracle-srpt`` and the shedding ``slo-edf``, ``cb-sjf-work-shed``, ``cb-sjf-work-fit[-tiers]``,
+``cb-sjf-work-serial[-tiers]`` and ``oracle-work-shed`` (``sheds = True``) run on the fast
+path only (constructing an EnvAgent for them raises ``TypeError``). The learned-predictor
+policies (``sjf-pred``, ``cb-sjf-work:hgb``) read each slot's features at arrival, an opt-in
+part of the observation: they need an env made with ``arrival_features=True``
+(:mod:`cbgym.env.arrival_obs`).
 """
 
 from __future__ import annotations
