@@ -1,5 +1,6 @@
-"""``ttft-shed:F[:BASE]``: the SLO-aware door. A 429 once the estimated TTFT on the instance
-the base router picks passes F x the target; otherwise the base's route, unchanged."""
+"""``ttft-shed:F[:BASE[:K]]``: the SLO-aware door. A 429 once the estimated TTFT on the
+instance the base router picks passes F x the target (x exp(-K x its KV usage)); otherwise the
+base's route, unchanged."""
 
 from __future__ import annotations
 
@@ -55,6 +56,9 @@ def test_with_room_to_spare_it_is_its_base_router(base: str) -> None:
     ("ttft-shed:inf", "F a number > 0"),
     ("ttft-shed:x", "got 'x'"),
     ("ttft-shed:1:ttft-shed", "its base cannot be another door"),
+    ("ttft-shed:1:jsq-time:-1", "K .* must be a number >= 0, got '-1'"),
+    ("ttft-shed:1:jsq-time:nan", "K .* must be a number >= 0"),
+    ("ttft-shed:1:jsq-time:x", "got 'x'"),
 ])
 def test_bad_specs_say_what_is_expected(spec: str, message: str) -> None:
     with pytest.raises(ValueError, match=message):
@@ -93,3 +97,40 @@ def test_a_deflection_counts_what_was_sent_to_its_decode_instance_since_the_repo
 
 def test_its_label_is_canonical() -> None:
     assert make_router("ttft-shed:1.0").label == make_router("ttft-shed:1").label
+    # K = 0 is the plain door, named as it
+    assert make_router("ttft-shed:1:jsq-time:0").label == "ttft-shed:1:jsq-time"
+    assert make_router("ttft-shed:0.12:jsq-time:2.50").label == "ttft-shed:0.12:jsq-time:2.5"
+
+
+def _one_replica_point(kv_usage: float) -> tuple[ClusterConfig, object]:
+    """A routing point on one idle replica: a 2,000-token prompt, its KV cache
+    ``kv_usage`` full (nothing else in the report)."""
+    from cbgym.cluster.routing import LOAD_FIELDS, ROLE_CODES, Loads, RoutingPoint
+
+    cfg = ClusterConfig.preset("1x:llama-3.1-8b/a100-80gb")
+    role = np.array([ROLE_CODES[r] for r in cfg.roles])
+    rows: dict = {f: np.zeros(1, np.int64) for f in LOAD_FIELDS}
+    rows.update(kv_usage=np.array([kv_usage]), last_iteration_s=np.zeros(1),
+                free_blocks=np.full(1, 100_000))
+    rp = RoutingPoint(0, 0.0, 2000, 0.0, 2.0, 0.1, role, Loads(report_s=0.0, **rows), cfg,
+                      None, np.zeros(1, np.int64))
+    return cfg, rp
+
+
+@pytest.mark.parametrize("kv_usage", [0.0, 0.3, 0.9])
+def test_k_tightens_the_bound_as_the_kv_cache_fills(kv_usage: float) -> None:
+    """The bound is F x target x exp(-K x KV usage): with F just above the prompt's own
+    prefill (its estimate on an idle replica), K = 0 admits it at any KV usage, K = 1 at
+    none but an empty cache (exp(-0.3) = 0.74 < 1 / 1.05)."""
+    from cbgym.cluster.routing import RouterContext
+
+    cfg, rp = _one_replica_point(kv_usage)
+    inst, coefs = static_tables(cfg)
+    alone = prefill_seconds(inst[COST_KIND, 0], coefs[0], inst[BUDGET, 0], np.int64(2000))
+    factor = 1.05 * alone / 2.0
+    plain, tight = make_router(f"ttft-shed:{factor}"), make_router(f"ttft-shed:{factor}:jsq-time:1")
+    for r in (plain, tight):
+        r.reset(RouterContext(config=cfg))
+    assert plain.route(rp) == Route.to(0)  # type: ignore[arg-type]
+    expected = Route.to(0) if kv_usage == 0 else Route.shed("ttft_unreachable")
+    assert tight.route(rp) == expected  # type: ignore[arg-type]

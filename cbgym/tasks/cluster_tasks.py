@@ -30,10 +30,18 @@ FOUR_CAPS = ("inflight-cap:300", "inflight-cap:400", "inflight-cap:450", "inflig
 PD_CAPS = ("inflight-cap:64:kairos", "inflight-cap:128:kairos", "inflight-cap:192:kairos",
            "inflight-cap:256:kairos")
 CODE_CAPS = ("inflight-cap:32", "inflight-cap:48", "inflight-cap:64", "inflight-cap:100")
-# the SLO-aware door (ttft-shed:F[:BASE]: a 429 once the estimated TTFT on the instance the
+# the SLO-aware door (ttft-shed:F[:BASE[:K]]: a 429 once the estimated TTFT on the instance the
 # base picks passes F x the target), F swept on each task's validation windows: the best of
 # 0.01-5 and its neighbours
 CONV_SHEDS = ("ttft-shed:0.04", "ttft-shed:0.06", "ttft-shed:0.08", "ttft-shed:0.1")
+# the door tightened as the KV cache fills (ttft-shed:F:jsq-time:K: the bound x exp(-K x
+# KV usage)), (F, K) swept on the conversation tasks' validation windows: conv-2x (0.08, 1):
+# 881, (0.1, 1.5): 885, (0.1, 2): 887, (0.1, 3): 868, (0.12, 2): 858, (0.12, 2.5): 892,
+# (0.12, 3): 883, (0.15, 3.5): 885; conv-4x (0.1, 1): 929, (0.1, 2): 921, (0.12, 1.5): 912,
+# (0.12, 2.5): 931, (0.15, 2.5): 902, (0.15, 3.5): 931, (0.2, 4): 910. One pair for both.
+# On the code tasks K moved nothing beyond noise (code-2x (1.3, 1): 415 against F 1's 412;
+# code-2p2d over Kairos (0.7, 1): 472 against 0.7's 472)
+KV_SHEDS = ("ttft-shed:0.1:jsq-time:2", "ttft-shed:0.12:jsq-time:2.5")
 CODE_SHEDS = ("ttft-shed:0.5", "ttft-shed:0.7", "ttft-shed:1", "ttft-shed:1.5")
 PD_SHEDS = ("ttft-shed:0.3:kairos", "ttft-shed:0.5:kairos", "ttft-shed:0.7:kairos",
             "ttft-shed:1:kairos", "ttft-shed:2:kairos")
@@ -124,7 +132,7 @@ CLUSTER_TASKS = {t.name: t for t in (
                 train_load=(1.5, 3.0), test_load=2.5, slo=SLO(2.0, 0.1),
                 episode_requests=1024,
                 references=("round-robin", "least-outstanding", "jsq-tokens",
-                            *OVERLOAD_CAPS, *CONV_SHEDS),
+                            *OVERLOAD_CAPS, *CONV_SHEDS, *KV_SHEDS),
                 client=ClientModel(timeout_s=10.0, max_retries=3, on_abandon="leave"),
                 prefix_features=True),
     # the same edge on four replicas: arrivals at 2.5x capacity spread over four queues
@@ -136,7 +144,7 @@ CLUSTER_TASKS = {t.name: t for t in (
                 train_load=(1.5, 3.0), test_load=2.5, slo=SLO(2.0, 0.1),
                 episode_requests=1024,
                 references=("round-robin", "least-outstanding", "jsq-tokens", *FOUR_CAPS,
-                            *CONV_SHEDS),
+                            *CONV_SHEDS, *KV_SHEDS),
                 client=ClientModel(timeout_s=10.0, max_retries=3, on_abandon="leave"),
                 prefix_features=True),
     # the edge on the deflection task's 2P2D cluster: code requests at 5.0x the cluster's

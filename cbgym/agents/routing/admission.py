@@ -9,7 +9,7 @@ when chosen from the capacity and a latency target; the cluster tasks tune N on 
 validation windows. The same cap in the kernel, reading live queues, is
 ``AdmissionConfig(max_in_flight=N)``; this router is what an agent can do at the door.
 
-``ttft-shed:F[:BASE]`` is the SLO-aware door (the cluster's ``slo-edf`` test): it routes with
+``ttft-shed:F[:BASE[:K]]`` is the SLO-aware door (the cluster's ``slo-edf`` test): it routes with
 BASE (default ``jsq-time``) and sheds the arrival when the instance that would run its
 prefill cannot give it a first token within F x its TTFT target, by the load report's
 estimate: that instance's pending prompt tokens (waiting and running, and the prompts routed
@@ -19,6 +19,12 @@ priced as one chunked prefill on its own cost model (jsq-time's estimate). The e
 ignores the decodes sharing those iterations and, for a retried request, the time it
 already waited, and pricing the queue as one sequence overstates a long queue of short
 prompts: F, tuned on validation windows as the caps are, absorbs what it can.
+``ttft-shed:F:BASE:K`` tightens the test as the instance's KV cache fills: the bound is F x
+the target x exp(-K x its KV usage at the report). The estimate prices prefill alone, and the
+more context the running batch holds the longer every iteration a new prompt shares with it,
+and the nearer its decodes are to their TPOT target; a fixed F that is safe with a full cache
+refuses requests an emptier one could serve (docs/benchmark.md measures it on the overload
+tasks). K = 0, the default, is the plain door.
 """
 
 from __future__ import annotations
@@ -84,16 +90,25 @@ class TTFTShed(Door):
 
     name = "ttft-shed"
 
-    def __init__(self, factor: str | float | None = None, base: str = "jsq-time") -> None:
+    def __init__(self, factor: str | float | None = None, base: str = "jsq-time",
+                 kv: str | float = 0.0) -> None:
         try:
             self.factor = float(factor)  # type: ignore[arg-type]
         except (TypeError, ValueError):
             self.factor = float("nan")
         if not (self.factor > 0 and np.isfinite(self.factor)):
-            raise ValueError(f"router 'ttft-shed' needs a factor: 'ttft-shed:F[:BASE]' with F "
-                             f"a number > 0 (of the TTFT target), got {factor!r}")
+            raise ValueError(f"router 'ttft-shed' needs a factor: 'ttft-shed:F[:BASE[:K]]' "
+                             f"with F a number > 0 (of the TTFT target), got {factor!r}")
+        try:
+            self.kv = float(kv)
+        except (TypeError, ValueError):
+            self.kv = float("nan")
+        if not (self.kv >= 0 and np.isfinite(self.kv)):
+            raise ValueError(f"router 'ttft-shed': K (in 'ttft-shed:F:BASE:K', how much the "
+                             f"bound tightens as the KV cache fills) must be a number >= 0, "
+                             f"got {kv!r}")
         self._set_base(base)
-        self.label = f"{self.name}:{self.factor:g}:{base}"
+        self.label = f"{self.name}:{self.factor:g}:{base}" + (f":{self.kv:g}" if self.kv else "")
 
     def reset(self, ctx: RouterContext) -> None:
         super().reset(ctx)
@@ -115,7 +130,10 @@ class TTFTShed(Door):
         cached = 0 if rp.cached_tokens is None else int(rp.cached_tokens[i])
         t = queue_seconds(self.inst, self.coefs, loads_array(rp.loads), i,
                           np.int64(rp.prompt_tokens), np.int64(cached))
-        if t > self.factor * float(rp.ttft_target_s):
+        bound = self.factor * float(rp.ttft_target_s)
+        if self.kv:
+            bound *= np.exp(-self.kv * float(rp.loads.kv_usage[i]))
+        if t > bound:
             return Route.shed(UNREACHABLE)
         return route
 
