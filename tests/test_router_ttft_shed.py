@@ -100,21 +100,30 @@ def test_its_label_is_canonical() -> None:
     # K = 0 is the plain door, named as it
     assert make_router("ttft-shed:1:jsq-time:0").label == "ttft-shed:1:jsq-time"
     assert make_router("ttft-shed:0.12:jsq-time:2.50").label == "ttft-shed:0.12:jsq-time:2.5"
+    assert make_router("ttft-shed:0.5:kairos:1").label == "ttft-shed:0.5:kairos:1"
 
 
-def _one_replica_point(kv_usage: float) -> tuple[ClusterConfig, object]:
-    """A routing point on one idle replica: a 2,000-token prompt, its KV cache
-    ``kv_usage`` full (nothing else in the report)."""
+def _idle_point(kv_usage: list[float]) -> tuple[ClusterConfig, object]:
+    """A routing point on idle replicas (one per entry of ``kv_usage``, each KV cache that
+    full; nothing else in the report): a 2,000-token prompt."""
     from cbgym.cluster.routing import LOAD_FIELDS, ROLE_CODES, Loads, RoutingPoint
 
-    cfg = ClusterConfig.preset("1x:llama-3.1-8b/a100-80gb")
+    n = len(kv_usage)
+    cfg = ClusterConfig.preset(f"{n}x:llama-3.1-8b/a100-80gb")
     role = np.array([ROLE_CODES[r] for r in cfg.roles])
-    rows: dict = {f: np.zeros(1, np.int64) for f in LOAD_FIELDS}
-    rows.update(kv_usage=np.array([kv_usage]), last_iteration_s=np.zeros(1),
-                free_blocks=np.full(1, 100_000))
+    rows: dict = {f: np.zeros(n, np.int64) for f in LOAD_FIELDS}
+    rows.update(kv_usage=np.array(kv_usage), last_iteration_s=np.zeros(n),
+                free_blocks=np.full(n, 100_000))
     rp = RoutingPoint(0, 0.0, 2000, 0.0, 2.0, 0.1, role, Loads(report_s=0.0, **rows), cfg,
-                      None, np.zeros(1, np.int64))
+                      None, np.zeros(n, np.int64))
     return cfg, rp
+
+
+def _factor(cfg: ClusterConfig) -> float:
+    """F just above a 2,000-token prompt's own prefill on an idle replica (of a 2 s target)."""
+    inst, coefs = static_tables(cfg)
+    alone = prefill_seconds(inst[COST_KIND, 0], coefs[0], inst[BUDGET, 0], np.int64(2000))
+    return 1.05 * alone / 2.0
 
 
 @pytest.mark.parametrize("kv_usage", [0.0, 0.3, 0.9])
@@ -124,13 +133,25 @@ def test_k_tightens_the_bound_as_the_kv_cache_fills(kv_usage: float) -> None:
     none but an empty cache (exp(-0.3) = 0.74 < 1 / 1.05)."""
     from cbgym.cluster.routing import RouterContext
 
-    cfg, rp = _one_replica_point(kv_usage)
-    inst, coefs = static_tables(cfg)
-    alone = prefill_seconds(inst[COST_KIND, 0], coefs[0], inst[BUDGET, 0], np.int64(2000))
-    factor = 1.05 * alone / 2.0
+    cfg, rp = _idle_point([kv_usage])
+    factor = _factor(cfg)
     plain, tight = make_router(f"ttft-shed:{factor}"), make_router(f"ttft-shed:{factor}:jsq-time:1")
     for r in (plain, tight):
         r.reset(RouterContext(config=cfg))
     assert plain.route(rp) == Route.to(0)  # type: ignore[arg-type]
     expected = Route.to(0) if kv_usage == 0 else Route.shed("ttft_unreachable")
     assert tight.route(rp) == expected  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("kv_usage, admitted", [([0.9, 0.0], False), ([0.0, 0.9], True)])
+def test_k_reads_the_kv_usage_of_the_instance_the_base_picks(kv_usage: list[float],
+                                                             admitted: bool) -> None:
+    """Two idle replicas: jsq-time picks the first (a tie, the lowest index). The door sheds
+    when that replica's cache is full and admits when only the other's is (the cluster's mean,
+    0.45, would shed both: exp(-0.45) = 0.64 < 1 / 1.05; its maximum too)."""
+    from cbgym.cluster.routing import RouterContext
+
+    cfg, rp = _idle_point(kv_usage)
+    door = make_router(f"ttft-shed:{_factor(cfg)}:jsq-time:1")
+    door.reset(RouterContext(config=cfg))
+    assert door.route(rp) == (Route.to(0) if admitted else Route.shed("ttft_unreachable"))  # type: ignore[arg-type]

@@ -23,8 +23,11 @@ prompts: F, tuned on validation windows as the caps are, absorbs what it can.
 the target x exp(-K x its KV usage at the report). The estimate prices prefill alone, and the
 more context the running batch holds the longer every iteration a new prompt shares with it,
 and the nearer its decodes are to their TPOT target; a fixed F that is safe with a full cache
-refuses requests an emptier one could serve (docs/benchmark.md measures it on the overload
-tasks). K = 0, the default, is the plain door.
+refuses requests an emptier one could serve (measured on the overload tasks' validation
+windows: ``cbgym.tasks.cluster_tasks``, docs/benchmark.md). K = 0, the default, is the plain
+door. A door's BASE is a router name with its default settings (as for ``inflight-cap``): the
+field after it is always K, so ``ttft-shed:0.5:llm-d:16`` is llm-d's default threshold with
+K = 16, not ``llm-d:16``.
 """
 
 from __future__ import annotations
@@ -105,8 +108,8 @@ class TTFTShed(Door):
             self.kv = float("nan")
         if not (self.kv >= 0 and np.isfinite(self.kv)):
             raise ValueError(f"router 'ttft-shed': K (in 'ttft-shed:F:BASE:K', how much the "
-                             f"bound tightens as the KV cache fills) must be a number >= 0, "
-                             f"got {kv!r}")
+                             f"bound tightens as the KV cache fills; BASE is a router name "
+                             f"without arguments) must be a number >= 0, got {kv!r}")
         self._set_base(base)
         self.label = f"{self.name}:{self.factor:g}:{base}" + (f":{self.kv:g}" if self.kv else "")
 
