@@ -45,8 +45,9 @@ ES = {  # (its run stopped at the 55-minute budget after 63 generations; generat
                                   "100", "--time-budget-min", "55"],
       "conv-study-overload": ["--prior", "cb-sjf-work-fit:32", "--generations", "60",
                               "--time-budget-min", "40"],
-      # (its run stopped at the 28-minute budget after 55 generations; generation 30 chose)
+      # (run s3: 55 generations in its 45-minute budget; the last chose)
       "conv-vllm-kv-pressure": ["--prior", "cb-sjf-work-fit", "--generations", "55",
+                                "--sigma", "0.06", "--seed", "3",
                                 "--window-rule", "smallest_prompt"],
       "code-vllm-overload": ["--generations", "150", "--windows", "32", "--select-loads",
                              "1.1", "1.3", "1.5", "--window-rule", "smallest_prompt"],
