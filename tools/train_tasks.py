@@ -50,7 +50,8 @@ ES = {  # (its run stopped at the 55-minute budget after 63 generations; generat
                                 "--sigma", "0.06", "--seed", "3",
                                 "--window-rule", "smallest_prompt"],
       "code-vllm-overload": ["--generations", "150", "--windows", "32", "--select-loads",
-                             "1.1", "1.3", "1.5", "--window-rule", "smallest_prompt"],
+                             "1.1", "1.3", "1.5", "--window-rule", "smallest_prompt",
+                             "--sigma", "0.06", "--seed", "3"],
       "code-vllm-bursty": ["--generations", "100", "--windows", "32",
                            "--select-loads", "0.6", "0.8", "1.0"],
       # (its run stopped at the 45-minute budget after 22 generations; generation 10 chose)
