@@ -43,8 +43,9 @@ EXTRA = {"tenants-noisy-neighbour": ["--window-rule", "smallest_prompt"]}
 ES = {  # (its run stopped at the 55-minute budget after 63 generations; generation 40 chose)
       "tenants-noisy-neighbour": ["--prior", "cb-sjf-work-serial-tiers:24", "--generations",
                                   "100", "--time-budget-min", "55"],
-      "conv-study-overload": ["--prior", "cb-sjf-work-fit:32", "--generations", "60",
-                              "--time-budget-min", "40"],
+      # (run s3: 16 generations in its 30-minute budget; generation 10 chose)
+      "conv-study-overload": ["--prior", "cb-sjf-work-fit:32", "--generations", "16",
+                              "--sigma", "0.06", "--seed", "3"],
       # (run s3: 55 generations in its 45-minute budget; the last chose)
       "conv-vllm-kv-pressure": ["--prior", "cb-sjf-work-fit", "--generations", "55",
                                 "--sigma", "0.06", "--seed", "3",
