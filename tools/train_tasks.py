@@ -55,9 +55,9 @@ ES = {  # (its run stopped at the 55-minute budget after 63 generations; generat
                              "--sigma", "0.06", "--seed", "3"],
       "code-vllm-bursty": ["--generations", "100", "--windows", "32",
                            "--select-loads", "0.6", "0.8", "1.0"],
-      # (its run stopped at the 45-minute budget after 22 generations; generation 10 chose)
-      "prefix-conv-mooncake": ["--generations", "22", "--no-prefix-inputs", "--sigma", "0.1",
-                               "--window-rule", "smallest_prompt"]}
+      # (run s3: 32 generations in its 95-minute budget; generation 30 chose)
+      "prefix-conv-mooncake": ["--generations", "32", "--no-prefix-inputs", "--sigma", "0.06",
+                               "--seed", "3", "--window-rule", "smallest_prompt"]}
 
 
 # the tasks whose PPO run starts from a heuristic prior (residual, train.py --prior) instead
