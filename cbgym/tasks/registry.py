@@ -18,11 +18,12 @@ made (``CBGYM_TRACE_DIR`` or the user cache), not at import.
 | conv-study-interactive | azure-conv-2023 | cbsjf-paper | 1.0-1.6 | 1.3 | 0.5 s / 0.1 s |
 | conv-vllm-kv-pressure | azure-conv-2023 | llama-2-13b/a100-40gb | 1.6-2.8 | 2.5 | 1 s / 0.1 s |
 | tenants-noisy-neighbour | tenants-conv-code-2023 | llama-3.1-8b/a100-80gb | 1.0-1.4 | 1.2 | tier |
+| tenants-servegen | tenants-servegen-language | llama-3.1-8b/a100-80gb | 1.3-1.9 | 1.6 | tier |
 | prefix-conv-mooncake | mooncake-conversation | llama-3.1-8b/h100-80gb | 1.0-1.4 | 1.2 | 5 s |
 
 The code trace's test range (2,646 requests) holds 5 non-overlapping 512-request windows, so
-its tasks have 5 test windows (the conv tasks 8, the Mooncake one 7). ``cbgym/Scheduling-v0`` and
-``cbgym/SchedulingMasked-v0`` are :data:`DEFAULT_TASK`. Every
+its tasks have 5 test windows (the conv and tenant tasks 8, the Mooncake one 7).
+``cbgym/Scheduling-v0`` and ``cbgym/SchedulingMasked-v0`` are :data:`DEFAULT_TASK`. Every
 task's env sheds on a shed score once a request can no longer meet its TTFT target
 (``shed_rule="unreachable"``) and carries a running-cap score (``admission_cap``). Loads, SLOs
 and caps were chosen on the validation windows only (docs/benchmark.md says how, with the
@@ -170,6 +171,17 @@ TASKS: Mapping[str, Task] = MappingProxyType({task.name: task for task in (
          env={**TASK_ENV, "tenant_features": 2},
          references=("cb-sjf-work-shed:24", "cb-sjf-work-fit:24", "cb-sjf-work-fit-tiers:24",
                      "cb-sjf-work-serial-tiers:24", "priority", "strict-tiers", "vtc", "drr",
+                     "wfq", "least-slack", "cb-sjf-work-slo-aging:0.05")),
+    Task("tenants-servegen",
+         "Alibaba's production clients (the 29 of ServeGen's language-model clients active "
+         "in its first three days, with their own rates, burstiness and lengths) in three "
+         "SLO tiers on one vLLM-style engine past saturation: which tier to serve first, "
+         "and which requests to give up, decide the goodput.",
+         trace="tenants-servegen-language", engine="llama-3.1-8b/a100-80gb",
+         train_load=(1.3, 1.9), test_load=1.6, slo=tier_slos(), episode_requests=1024,
+         env=TASK_ENV,
+         references=("cb-sjf-work-shed:64", "cb-sjf-work-fit:64", "cb-sjf-work-fit-tiers:48",
+                     "cb-sjf-work-serial-tiers", "priority", "strict-tiers", "vtc", "drr",
                      "wfq", "least-slack", "cb-sjf-work-slo-aging:0.05")),
     Task("prefix-conv-mooncake",
          "Kimi's conversation trace (12k-token prompts, block ids) past saturation on one "

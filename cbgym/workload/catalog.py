@@ -7,7 +7,8 @@ sha256 where one is known. The URLs and checksums live in the package
 (:mod:`cbgym.workload.catalog_entries`; the repository's ``traces/manifest.json`` mirrors them)
 so that an installed package can fetch by itself.
 
-:data:`LOCAL_TRACES` (the Mooncake traces, the agent sessions) are looked for the same way
+:data:`LOCAL_TRACES` (the Mooncake traces, the agent sessions, the ServeGen language clients)
+are looked for the same way
 but never downloaded: put them in a ``$CBGYM_TRACE_DIR`` directory (or the cache) under the
 relative path their entry names.
 """
@@ -37,6 +38,7 @@ from cbgym.workload.catalog_entries import (
     known_names,
 )
 from cbgym.workload.loaders import load_trace_file
+from cbgym.workload.servegen import servegen_tenants
 from cbgym.workload.session_synth import synthetic_sessions
 from cbgym.workload.sessions import load_agent_sessions
 from cbgym.workload.synthetic import synthetic_trace
@@ -240,14 +242,21 @@ def _load_folder_cached(
     options: tuple[tuple[str, Any], ...],
 ) -> Trace:
     del stamp  # only part of the key: a changed, added or removed file is a cache miss
-    trace = load_agent_sessions(path, **dict(options))
+    if any(Path(path).glob("chunk-*-trace.csv")):  # ServeGen clients, tiered
+        if options:
+            raise ValueError(f"load_trace: {path} is a folder of ServeGen clients, which "
+                             f"takes no options (got {', '.join(k for k, _ in options)})")
+        trace = servegen_tenants(path)
+    else:
+        trace = load_agent_sessions(path, **dict(options))
     return replace(trace, name=name) if name else trace
 
 
 def _load_folder(path: Path, name: str, options: dict[str, Any]) -> Trace:
     resolved = path.resolve()
     stamp = tuple((f.name, f.stat().st_mtime_ns, f.stat().st_size)
-                  for f in sorted(resolved.glob("*.json")))
+                  for f in sorted(resolved.iterdir())
+                  if f.suffix in (".json", ".csv", ".gz"))
     return _load_folder_cached(str(resolved), stamp, name, tuple(sorted(options.items())))
 
 
@@ -281,11 +290,13 @@ def load_trace(
     """Load a trace by catalogue name or path, downloading public traces on first use.
 
     Resolution order: an existing file path; an existing folder (agent sessions,
-    :func:`cbgym.workload.sessions.load_agent_sessions`); ``synthetic-conv``/``synthetic-code``
+    :func:`cbgym.workload.sessions.load_agent_sessions`, or ServeGen clients in SLO tiers,
+    :func:`cbgym.workload.servegen.servegen_tenants`); ``synthetic-conv``/``synthetic-code``
     (generated, default size) or ``synthetic-sessions``
     (:func:`cbgym.workload.session_synth.synthetic_sessions`, defaults); a local name
     (:data:`LOCAL_TRACES`: ``mooncake-conversation``, ``mooncake-synthetic``,
-    ``agent-sessions``), looked for like a catalogue name but never downloaded; a derived name
+    ``agent-sessions``, ``tenants-servegen-language``), looked for like a catalogue name but
+    never downloaded; a derived name
     (``tenants-conv-code-2023``: azure-conv-2023 as an interactive tenant beside azure-code-2023
     as a batch tenant, :func:`cbgym.workload.tenants.conv_code_tenants`); a catalogue name,
     looked for in each ``$CBGYM_TRACE_DIR`` directory, then in ``cache_dir`` (default
@@ -294,8 +305,8 @@ def load_trace(
     one object safely.
 
     Args:
-        name_or_path: a name from :func:`known_names`, a trace file path or a folder of
-            agent-session files.
+        name_or_path: a name from :func:`known_names`, a trace file path, or a folder of
+            agent-session files or of ServeGen client files.
         cache_dir: the download cache directory (replaces the user cache).
         download: whether a missing catalogue trace may be downloaded.
         **options: passed to the file loader (e.g. ``drop_zero_output=True``).

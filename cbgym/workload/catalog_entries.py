@@ -94,7 +94,7 @@ class LocalTraceEntry:
     Attributes:
         name: catalogue name, e.g. ``"mooncake-conversation"``.
         paths: where it may lie, relative to a trace directory, in order of preference (a file,
-            or a folder of agent-session files).
+            a folder of agent-session files, or a folder of ServeGen client files).
         rows: number of requests.
         source: where the data were published.
         licence: SPDX-style licence id.
@@ -107,6 +107,8 @@ class LocalTraceEntry:
     licence: str = "Apache-2.0"
 
 
+_SERVEGEN = ("ServeGen (Xiang et al., 'ServeGen: Workload Characterization of Large Language "
+             "Model Serving in Production', arXiv:2505.09999), https://github.com/alibaba/ServeGen")
 _MOONCAKE = "Mooncake FAST'25 release, https://github.com/kvcache-ai/Mooncake"
 LOCAL_TRACES: dict[str, LocalTraceEntry] = {
     entry.name: entry
@@ -119,6 +121,10 @@ LOCAL_TRACES: dict[str, LocalTraceEntry] = {
                         3_993, _MOONCAKE),
         LocalTraceEntry("agent-sessions", ("agent-sessions",), 996,
                         "40 of the kv-cache-tester project's agent session traces"),
+        # (a folder of client descriptions: the trace is drawn from them, seed 0,
+        # cbgym.workload.servegen.servegen_tenants)
+        LocalTraceEntry("tenants-servegen-language", ("servegen/language/m-small",), 266_914,
+                        _SERVEGEN),
     )
 }
 

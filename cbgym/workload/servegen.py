@@ -13,6 +13,8 @@ from its distribution with that window's scaled rate (the shape from p1, the sca
 the rate; p2 is not needed then), and each request's prompt and output lengths from its
 client's distributions of the 6-hour window it falls in (a 0-token length, which the data
 holds, counts as one token: every request has a prompt and samples at least one token).
+:func:`servegen_tenants` puts the clients in SLO tiers: the ``tenants-servegen-language``
+trace of the ``tenants-servegen`` task.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
+from cbgym.workload.tenants import TIERS
 from cbgym.workload.trace import Trace
 
 WINDOW_S = 600.0
@@ -200,3 +203,26 @@ def servegen_workload(folder: str | Path, start_s: float, duration_s: float,
                              slo_class=np.full(len(order), slo_class, np.int16),
                              name=f"servegen:{folder.name}@{start_s:g}+{duration_s:g}s",
                              rebase=False)
+
+
+# ServeGen publishes no SLOs. Tiers go round the clients in id order, so a tier is not a
+# proxy for a client's lengths or rate: which tier to serve is a decision on its own.
+TIER_CYCLE = ("interactive", "standard", "batch")
+# the derived trace ``tenants-servegen-language`` (:func:`cbgym.load_trace`): the first three
+# days of the language clients at one request a second on average, seed 0 (the task rescales
+# each window's clock to its load, so only the pattern and the mix carry over)
+SERVEGEN_DAYS = 3
+SERVEGEN_RATE_RPS = 1.0
+
+
+def servegen_tenants(folder: str | Path, days: float = SERVEGEN_DAYS,
+                     rate_rps: float = SERVEGEN_RATE_RPS, seed: int = 0) -> Trace:
+    """:func:`servegen_workload` over the first ``days`` days, each client a tenant in an SLO
+    tier (:data:`cbgym.workload.tenants.TIERS`): client i (in sorted id order, as its tenant
+    id) is in ``TIER_CYCLE[i % 3]``. Tenant ids and tiers go by every client with both files,
+    active in the span or not, so a client's tier does not depend on the span."""
+    trace = servegen_workload(folder, 0.0, days * 86_400.0, rate_rps, seed=seed)
+    tier_class = np.array([TIERS[t][0] for t in TIER_CYCLE], np.int16)
+    return Trace.from_arrays(trace.arrival_s, trace.prompt_tokens, trace.output_tokens,
+                             tenant=trace.tenant, slo_class=tier_class[trace.tenant % 3],
+                             name=f"servegen-tiers:{Path(folder).name}", rebase=False)
