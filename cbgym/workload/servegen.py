@@ -208,7 +208,7 @@ def servegen_workload(folder: str | Path, start_s: float, duration_s: float,
 # ServeGen publishes no SLOs. Tiers go round the clients in id order, so a tier is not a
 # proxy for a client's lengths or rate: which tier to serve is a decision on its own.
 TIER_CYCLE = ("interactive", "standard", "batch")
-# the derived trace ``tenants-servegen-language`` (:func:`cbgym.load_trace`): the first three
+# the local trace ``tenants-servegen-language`` (:func:`cbgym.load_trace`): the first three
 # days of the language clients at one request a second on average, seed 0 (the task rescales
 # each window's clock to its load, so only the pattern and the mix carry over)
 SERVEGEN_DAYS = 3
