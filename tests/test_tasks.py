@@ -51,6 +51,29 @@ def test_starts_can_count_their_own_windows() -> None:
         task.starts(n, "train", 0)
 
 
+def test_validation_can_hold_fewer_windows_than_the_test() -> None:
+    task = Task(**{**get("conv-study-overload").__dict__, "validation_windows": 3})
+    n = 19_366
+    assert len(task.starts(n, "validation")) == 3 and len(task.starts(n)) == task.test_windows
+    assert len(task.starts(n, "validation", 5)) == 5  # an explicit count still wins
+    with pytest.raises(ValueError, match="validation_windows=0"):
+        Task(**{**task.__dict__, "validation_windows": 0})
+
+
+@pytest.mark.parametrize("name", sorted(TASKS))
+def test_test_windows_never_overlap_on_the_tasks_own_trace(name: str) -> None:
+    task = get(name)
+    try:
+        n = len(load_trace(task.trace))
+    except TraceNotFoundError:
+        pytest.skip(f"{task.trace} is not available here (CBGYM_TRACE_DIR)")
+    starts = task.starts(n)
+    assert len(starts) == task.test_windows
+    # disjoint windows are independent samples: the intervals over windows count on it
+    assert np.all(np.diff(starts) >= task.episode_requests)
+    assert len(task.starts(n, "validation")) == (task.validation_windows or task.test_windows)
+
+
 def test_impossible_tasks_are_refused() -> None:
     base = get(sorted(TASKS)[0])
     with pytest.raises(ValueError, match="splits"):
