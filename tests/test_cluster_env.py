@@ -159,6 +159,7 @@ def test_cluster_task_ids_and_evaluation() -> None:
         n = len(load_trace(t.trace))
         assert env.unwrapped.window_range == t.ranges(n)["train"] == (0, int(n * 0.6))
         assert min(t.starts(n, "test")) >= int(n * 0.7)
+        assert len(t.starts(n, "validation")) == t.test_windows  # (Task.starts' default)
     small = ClusterTask("tiny", "azure-code-2023", "1p1d:llama-2-7b/a100-80gb", (0.4, 0.8),
                         0.6, cbgym.SLO(2.0, 0.1), episode_requests=40, test_windows=2)
     ev = evaluate_cluster(small, "kairos", references=("always-disaggregate",))
@@ -166,6 +167,9 @@ def test_cluster_task_ids_and_evaluation() -> None:
     assert set(table.index) == {"kairos", "always-disaggregate", "random actions"}
     assert ev.best_heuristic in ("kairos", "always-disaggregate")
     assert np.isfinite(ev.score().mean)
+    val = evaluate_cluster(small, "kairos", references=("always-disaggregate",),
+                           split="validation")
+    assert len(val.starts) == 2 and not set(val.starts) & set(ev.starts)
 
 
 @pytest.mark.parametrize("kw", [SMALL, CACHED, {**SMALL, "prefix_features": True}],

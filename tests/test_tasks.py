@@ -69,7 +69,7 @@ def test_test_windows_never_overlap_on_the_tasks_own_trace(name: str) -> None:
         pytest.skip(f"{task.trace} is not available here (CBGYM_TRACE_DIR)")
     starts = task.starts(n)
     assert len(starts) == task.test_windows
-    # disjoint windows are independent samples: the intervals over windows count on it
+    # disjoint windows: no request is counted in two of the windows the intervals are over
     assert np.all(np.diff(starts) >= task.episode_requests)
     assert len(task.starts(n, "validation")) == (task.validation_windows or task.test_windows)
 

@@ -62,6 +62,7 @@ class ClusterTask:
     episode_requests: int = 512
     splits: tuple[float, float] = (0.6, 0.7)
     test_windows: int = 5
+    validation_windows: int | None = None  # (Task.starts reads it: None is test_windows)
     load_report_interval_s: float = 0.1
     references: tuple[str, ...] = RULES
     # the cluster's edge (cbgym.cluster.edge): clients that time out and retry; admission

@@ -102,8 +102,9 @@ def evaluate(task: str | Task, policy: str, references: tuple[str, ...] | None =
     Every seed replays every test window (seeding randomised policies and random actions);
     each window's result is its mean over the seeds. ``references``: by default
     :data:`REFERENCES` and the task's own (``Task.references``). ``split="validation"``
-    replays as many windows of the validation range instead, at the test load: what task
-    design and tuning use, so that the test windows stay unseen."""
+    replays the validation range's windows instead (``Task.validation_windows``, by default
+    as many as the test's), at the test load: what task design and tuning use, so that the
+    test windows stay unseen."""
     if not seeds:
         raise ValueError("evaluate: give at least one seed")
     from cbgym.capacity import measure_capacity
