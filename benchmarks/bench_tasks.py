@@ -4,6 +4,7 @@
     python benchmarks/bench_tasks.py --tasks conv-study-overload --seeds 0
     python benchmarks/bench_tasks.py --split validation     # what task design looked at
     python benchmarks/bench_tasks.py --tasks code-2p2d-deflection   # a cluster task
+    python benchmarks/bench_tasks.py --tasks tenants-servegen --batch 6
 
 Cluster tasks (``cbgym.tasks.cluster_tasks``) are scored the same way with routers: every
 rule router, random routes (the env's action space, sampled) and the shipped learned router
@@ -13,7 +14,9 @@ For each task: goodput per window with its 95% interval, SLO attainment, p99 TTF
 normalized score of every reference, random actions and the task's shipped learned policy
 (``learned:<task>``, where one is shipped), then whether decisions matter (random actions at
 most 80% of the best reference, FCFS at most 0.8 normalized) and the learned policy minus the
-best content-blind heuristic with its paired 95% interval.
+best content-blind heuristic with its paired 95% interval. ``--batch K`` adds both over the
+means of K neighbouring windows (``cbgym.tasks.scoring.batch_means``), for a task whose test
+windows lie side by side and are correlated (tenants-servegen's 78).
 """
 
 from __future__ import annotations
@@ -23,10 +26,32 @@ import time
 
 from cbgym.agents.learned import shipped_names
 from cbgym.tasks import TASKS
-from cbgym.tasks.evaluate import RANDOM, evaluate
+from cbgym.tasks.evaluate import RANDOM, Evaluation, evaluate
+from cbgym.tasks.scoring import batch_means, mean_ci
 
 
-def table(task: str, seeds: tuple[int, ...], split: str) -> str:
+def batched(ev: Evaluation, batch: int, versus: str | None) -> list[str]:
+    """Random actions' share of the best reference and ``versus``'s paired difference, over
+    the means of ``batch`` neighbouring windows."""
+    if batch == 1:
+        return []
+    n = len(ev.starts) // batch
+    if n < 2:
+        return [f"(--batch {batch}: {len(ev.starts)} windows make fewer than 2 batches)"]
+    best = ev.best_reference
+    share = mean_ci(batch_means(ev.goodput[RANDOM], batch) / batch_means(ev.goodput[best], batch))
+    lines = [f"over means of {batch} neighbouring windows ({n} batches): random actions / best "
+             f"reference ({best}): {share.mean:.2f} [{share.low:.2f}, {share.high:.2f}]"]
+    if versus:
+        d = ev.versus(versus, batch)
+        lines.append(f"over means of {batch} neighbouring windows: {ev.policy} minus {versus}: "
+                     f"{d.difference.mean:+.1f} [{d.difference.low:+.1f}, "
+                     f"{d.difference.high:+.1f}] (wins {d.wins}, ties {d.ties}, "
+                     f"losses {d.losses})")
+    return lines
+
+
+def table(task: str, seeds: tuple[int, ...], split: str, batch: int = 1) -> str:
     learned = f"learned:{task}" if task in shipped_names() else None
     ev = evaluate(task, learned or "fcfs", seeds=seeds, split=split)
     rows = ["| policy | goodput [95% CI] | SLO attainment | p99 TTFT (s) | score [95% CI] |",
@@ -49,10 +74,11 @@ def table(task: str, seeds: tuple[int, ...], split: str) -> str:
             lines.append(f"{learned} minus {label} ({other}): {d.difference.mean:+.1f} "
                          f"[{d.difference.low:+.1f}, {d.difference.high:+.1f}] (wins {d.wins}, "
                          f"ties {d.ties}, losses {d.losses})")
+    lines += batched(ev, batch, learned and ev.best_heuristic)
     return "\n".join(lines)
 
 
-def cluster_table(task: str, seeds: tuple[int, ...], split: str) -> str:
+def cluster_table(task: str, seeds: tuple[int, ...], split: str, batch: int = 1) -> str:
     from cbgym.agents.routing.learned import CHECKPOINTS
     from cbgym.tasks.cluster_tasks import evaluate_cluster
 
@@ -78,6 +104,7 @@ def cluster_table(task: str, seeds: tuple[int, ...], split: str) -> str:
             lines.append(f"{learned} minus {label} ({other}): {d.difference.mean:+.1f} "
                          f"[{d.difference.low:+.1f}, {d.difference.high:+.1f}] (wins {d.wins}, "
                          f"ties {d.ties}, losses {d.losses})")
+    lines += batched(ev, batch, learned and ev.best_heuristic)
     return "\n".join(lines)
 
 
@@ -89,11 +116,15 @@ def main() -> None:
     parser.add_argument("--tasks", nargs="+", default=names, choices=names)
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1])
     parser.add_argument("--split", default="test", choices=["test", "validation"])
+    parser.add_argument("--batch", type=int, default=1,
+                        help="also score over the means of this many neighbouring windows")
     args = parser.parse_args()
+    if args.batch < 1:
+        parser.error(f"--batch {args.batch}: expected a positive number of windows")
     for task in args.tasks:
         t0 = time.perf_counter()
         make = cluster_table if task not in TASKS else table
-        print(make(task, tuple(args.seeds), args.split))
+        print(make(task, tuple(args.seeds), args.split, args.batch))
         print(f"({time.perf_counter() - t0:.0f} s)\n", flush=True)
 
 

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from cbgym.tasks import mean_ci, normalized_score, paired_difference
+from cbgym.tasks import batch_means, mean_ci, normalized_score, paired_difference
 
 
 def test_mean_ci_is_the_student_t_interval() -> None:
@@ -51,3 +51,13 @@ def test_bad_input_is_refused_with_a_message() -> None:
         mean_ci([1, float("nan")])
     with pytest.raises(ValueError, match="level"):
         mean_ci([1, 2], level=1.5)
+
+
+def test_batch_means_average_neighbouring_windows() -> None:
+    np.testing.assert_array_equal(batch_means([1, 2, 3, 4, 5], 2), [1.5, 3.5])  # 5 dropped
+    np.testing.assert_array_equal(batch_means([1, 2, 3], 1), [1, 2, 3])
+    for size in (0, -1, 2.0, True):
+        with pytest.raises(ValueError, match="positive integer"):
+            batch_means([1, 2, 3, 4], size)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="at least 2"):
+        batch_means([1, 2, 3], 2)

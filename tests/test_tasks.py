@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import cbgym
-from cbgym.tasks import TASKS, Task, get
+from cbgym.tasks import TASKS, Task, batch_means, get, paired_difference
 from cbgym.workload import load_trace
 from cbgym.workload.catalog import TraceNotFoundError
 
@@ -149,6 +149,12 @@ def test_evaluate_scores_against_random_actions_and_the_best_reference() -> None
     assert ev.best_heuristic == "fcfs"  # oracle-work is privileged: never the heuristic bar
     d = ev.versus("fcfs")
     assert d.difference.mean == pytest.approx(table.loc["fcfs", "diff_vs"])
+    # over the means of neighbouring windows: 4 windows, 2 batches of 2
+    b = ev.versus("fcfs", batch=2)
+    want = paired_difference(batch_means(ev.goodput[ev.policy], 2),
+                             batch_means(ev.goodput["fcfs"], 2))
+    assert b == want and b.wins + b.ties + b.losses == 2
+    assert b.difference.mean == pytest.approx(d.difference.mean)  # the same mean
 
 
 def test_validation_windows_are_the_validation_range_and_never_the_test_windows() -> None:

@@ -10,10 +10,11 @@ from cbgym.tasks.registry import DEFAULT_TASK, TASKS, Task, get
 from cbgym.tasks.scoring import (
     Interval,
     PairedDifference,
+    batch_means,
     mean_ci,
     normalized_score,
     paired_difference,
 )
 
-__all__ = ["DEFAULT_TASK", "TASKS", "Interval", "PairedDifference", "Task", "get", "mean_ci",
-           "normalized_score", "paired_difference"]
+__all__ = ["DEFAULT_TASK", "TASKS", "Interval", "PairedDifference", "Task", "batch_means", "get",
+           "mean_ci", "normalized_score", "paired_difference"]

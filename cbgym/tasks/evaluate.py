@@ -25,6 +25,7 @@ from cbgym.tasks.registry import Task, get
 from cbgym.tasks.scoring import (
     Interval,
     PairedDifference,
+    batch_means,
     mean_ci,
     normalized_score,
     paired_difference,
@@ -67,9 +68,14 @@ class Evaluation:
             raise ValueError("evaluate: no content-blind reference was run")
         return max(refs, key=lambda p: self.goodput[p].mean())
 
-    def versus(self, baseline: str) -> PairedDifference:
-        """The evaluated policy minus ``baseline``, per window."""
-        return paired_difference(self.goodput[self.policy], self.goodput[baseline])
+    def versus(self, baseline: str, batch: int = 1) -> PairedDifference:
+        """The evaluated policy minus ``baseline``, per window; with ``batch`` > 1 over the
+        means of ``batch`` neighbouring windows (:func:`~cbgym.tasks.scoring.batch_means`:
+        where neighbouring test windows are correlated; wins count batches)."""
+        a, b = self.goodput[self.policy], self.goodput[baseline]
+        if batch != 1:
+            a, b = batch_means(a, batch), batch_means(b, batch)
+        return paired_difference(a, b)
 
     def score(self, policy: str | None = None) -> Interval:
         """The normalized score of ``policy`` (default: the evaluated one)."""

@@ -11,6 +11,9 @@ two policies carries no window-to-window noise.
   usual (P̄ - R̄) / (B̄ - R̄): 0 is random actions, 1 the best reference; the interval is that
   of the paired per-window gains over random, in units of the reference spread.
 * :func:`paired_difference`: policy minus baseline per window, with wins / ties / losses.
+* :func:`batch_means`: the means of neighbouring windows. The intervals above treat windows
+  as independent samples; disjoint windows cut side by side from a trace (a test range
+  holding many) can be correlated, and over batch means they come nearer to independent.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import stats
 
-__all__ = ["Interval", "PairedDifference", "mean_ci", "normalized_score",
+__all__ = ["Interval", "PairedDifference", "batch_means", "mean_ci", "normalized_score",
            "paired_difference"]
 
 
@@ -102,3 +105,21 @@ def paired_difference(policy: object, baseline: object, level: float = 0.95
     d = p - b
     return PairedDifference(mean_ci(d, level), int((d > 0).sum()), int((d == 0).sum()),
                             int((d < 0).sum()))
+
+
+def batch_means(values: object, size: int) -> np.ndarray:
+    """The means of ``size`` neighbouring windows each, in order (the last ``len % size``
+    windows dropped), for intervals over windows that are correlated with their neighbours.
+
+    Raises:
+        ValueError: ``size`` is not a positive integer, or leaves fewer than 2 batches (no
+            interval).
+    """
+    if isinstance(size, bool) or not isinstance(size, int | np.integer) or size < 1:
+        raise ValueError(f"batch_means: size={size!r}: expected a positive integer")
+    v = _values(values, "values")
+    n = len(v) // size
+    if n < 2:
+        raise ValueError(f"batch_means: {len(v)} windows make {n} batch(es) of {size}; an "
+                         "interval needs at least 2")
+    return v[: n * size].reshape(n, size).mean(axis=1)
