@@ -30,21 +30,24 @@ from cbgym.tasks.evaluate import RANDOM, Evaluation, evaluate
 from cbgym.tasks.scoring import batch_means, mean_ci
 
 
-def batched(ev: Evaluation, batch: int, versus: str | None) -> list[str]:
-    """Random actions' share of the best reference and ``versus``'s paired difference, over
-    the means of ``batch`` neighbouring windows."""
+def batched(ev: Evaluation, batch: int, versus: str | None, random: str = "random actions"
+            ) -> list[str]:
+    """Random actions' share of the best reference (the t interval of the per-batch ratios)
+    and ``versus``'s paired difference, over the means of ``batch`` neighbouring windows."""
     if batch == 1:
         return []
-    n = len(ev.starts) // batch
+    n, left = divmod(len(ev.starts), batch)
     if n < 2:
         return [f"(--batch {batch}: {len(ev.starts)} windows make fewer than 2 batches)"]
     best = ev.best_reference
     share = mean_ci(batch_means(ev.goodput[RANDOM], batch) / batch_means(ev.goodput[best], batch))
-    lines = [f"over means of {batch} neighbouring windows ({n} batches): random actions / best "
-             f"reference ({best}): {share.mean:.2f} [{share.low:.2f}, {share.high:.2f}]"]
+    where = f"over means of {batch} neighbouring windows ({n} batches" + (
+        f"; the last {left} windows left out)" if left else ")")
+    lines = [f"{where}: {random} / best reference ({best}), the mean of the batches' ratios: "
+             f"{share.mean:.2f} [{share.low:.2f}, {share.high:.2f}]"]
     if versus:
         d = ev.versus(versus, batch)
-        lines.append(f"over means of {batch} neighbouring windows: {ev.policy} minus {versus}: "
+        lines.append(f"{where}: {ev.policy} minus {versus}: "
                      f"{d.difference.mean:+.1f} [{d.difference.low:+.1f}, "
                      f"{d.difference.high:+.1f}] (wins {d.wins}, ties {d.ties}, "
                      f"losses {d.losses})")
@@ -74,7 +77,7 @@ def table(task: str, seeds: tuple[int, ...], split: str, batch: int = 1) -> str:
             lines.append(f"{learned} minus {label} ({other}): {d.difference.mean:+.1f} "
                          f"[{d.difference.low:+.1f}, {d.difference.high:+.1f}] (wins {d.wins}, "
                          f"ties {d.ties}, losses {d.losses})")
-    lines += batched(ev, batch, learned and ev.best_heuristic)
+    lines += batched(ev, batch, ev.best_heuristic if learned else None)
     return "\n".join(lines)
 
 
@@ -104,7 +107,7 @@ def cluster_table(task: str, seeds: tuple[int, ...], split: str, batch: int = 1)
             lines.append(f"{learned} minus {label} ({other}): {d.difference.mean:+.1f} "
                          f"[{d.difference.low:+.1f}, {d.difference.high:+.1f}] (wins {d.wins}, "
                          f"ties {d.ties}, losses {d.losses})")
-    lines += batched(ev, batch, learned and ev.best_heuristic)
+    lines += batched(ev, batch, ev.best_heuristic if learned else None, "random routes")
     return "\n".join(lines)
 
 

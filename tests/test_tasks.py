@@ -10,6 +10,7 @@ import cbgym
 from cbgym.tasks import TASKS, Task, batch_means, get, paired_difference
 from cbgym.workload import load_trace
 from cbgym.workload.catalog import TraceNotFoundError
+from tests.conftest import load_script
 
 
 def test_lookup_and_unknown_names() -> None:
@@ -155,6 +156,20 @@ def test_evaluate_scores_against_random_actions_and_the_best_reference() -> None
                              batch_means(ev.goodput["fcfs"], 2))
     assert b == want and b.wins + b.ties + b.losses == 2
     assert b.difference.mean == pytest.approx(d.difference.mean)  # the same mean
+    assert ev.versus("fcfs", batch=np.int64(2)) == b
+    with pytest.raises(ValueError, match="at least 2"):
+        ev.versus("fcfs", batch=3)  # one batch: no interval
+    for bad in (0, True, 1.0):
+        with pytest.raises(ValueError, match="positive integer"):
+            ev.versus("fcfs", batch=bad)  # type: ignore[arg-type]
+    bench = load_script("benchmarks/bench_tasks.py")  # its --batch lines
+    assert bench.batched(ev, 1, "fcfs") == []
+    assert "fewer than 2 batches" in bench.batched(ev, 3, "fcfs")[0]
+    share, diff = bench.batched(ev, 2, "fcfs")
+    assert share.startswith("over means of 2 neighbouring windows (2 batches): random actions")
+    assert diff.endswith(f"sjf-ctx minus fcfs: {b.difference.mean:+.1f} [{b.difference.low:+.1f}, "
+                         f"{b.difference.high:+.1f}] (wins {b.wins}, ties {b.ties}, "
+                         f"losses {b.losses})")
 
 
 def test_validation_windows_are_the_validation_range_and_never_the_test_windows() -> None:

@@ -73,7 +73,8 @@ class Evaluation:
         means of ``batch`` neighbouring windows (:func:`~cbgym.tasks.scoring.batch_means`:
         where neighbouring test windows are correlated; wins count batches)."""
         a, b = self.goodput[self.policy], self.goodput[baseline]
-        if batch != 1:
+        # (1.0 and True equal 1 but are no window counts: batch_means refuses them)
+        if batch != 1 or type(batch) is not int:
             a, b = batch_means(a, batch), batch_means(b, batch)
         return paired_difference(a, b)
 
