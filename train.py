@@ -292,7 +292,7 @@ def with_task(args: Args) -> Args:
     slo = {"ttft_slo": t.slo.ttft_s, "tpot_slo": t.slo.tpot_s} if isinstance(t.slo, SLO) \
         else {}
     return dataclasses.replace(args, trace=t.trace, engine=t.engine, load=tuple(load),
-                               eval_windows=t.validation_windows or t.test_windows, **slo,
+                               eval_windows=t.window_count("validation"), **slo,
                                episode_requests=t.episode_requests, train_fraction=t.splits[0],
                                eval_loads=(t.test_load,),
                                shed_rule=t.env.get("shed_rule", "late"),

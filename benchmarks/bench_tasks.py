@@ -27,7 +27,13 @@ import time
 from cbgym.agents.learned import shipped_names
 from cbgym.tasks import TASKS
 from cbgym.tasks.evaluate import RANDOM, Evaluation, evaluate
-from cbgym.tasks.scoring import batch_means, mean_ci
+from cbgym.tasks.scoring import PairedDifference, batch_means, mean_ci
+
+
+def said(d: PairedDifference) -> str:
+    """A paired difference as the tables print it: mean [interval] (wins, ties, losses)."""
+    return (f"{d.difference.mean:+.1f} [{d.difference.low:+.1f}, {d.difference.high:+.1f}] "
+            f"(wins {d.wins}, ties {d.ties}, losses {d.losses})")
 
 
 def batched(ev: Evaluation, batch: int, versus: str | None, random: str = "random actions"
@@ -42,15 +48,12 @@ def batched(ev: Evaluation, batch: int, versus: str | None, random: str = "rando
     best = ev.best_reference
     share = mean_ci(batch_means(ev.goodput[RANDOM], batch) / batch_means(ev.goodput[best], batch))
     where = f"over means of {batch} neighbouring windows ({n} batches" + (
-        f"; the last {left} windows left out)" if left else ")")
+        f"; the last {left} window{'s' * (left > 1)} left out)" if left else ")")
     lines = [f"{where}: {random} / best reference ({best}), the mean of the batches' ratios: "
              f"{share.mean:.2f} [{share.low:.2f}, {share.high:.2f}]"]
     if versus:
         d = ev.versus(versus, batch)
-        lines.append(f"{where}: {ev.policy} minus {versus}: "
-                     f"{d.difference.mean:+.1f} [{d.difference.low:+.1f}, "
-                     f"{d.difference.high:+.1f}] (wins {d.wins}, ties {d.ties}, "
-                     f"losses {d.losses})")
+        lines.append(f"{where}: {ev.policy} minus {versus}: {said(d)}")
     return lines
 
 
@@ -74,9 +77,7 @@ def table(task: str, seeds: tuple[int, ...], split: str, batch: int = 1) -> str:
         for label, other in (("the best content-blind heuristic", ev.best_heuristic),
                              ("random actions", RANDOM)):
             d = ev.versus(other)
-            lines.append(f"{learned} minus {label} ({other}): {d.difference.mean:+.1f} "
-                         f"[{d.difference.low:+.1f}, {d.difference.high:+.1f}] (wins {d.wins}, "
-                         f"ties {d.ties}, losses {d.losses})")
+            lines.append(f"{learned} minus {label} ({other}): {said(d)}")
     lines += batched(ev, batch, ev.best_heuristic if learned else None)
     return "\n".join(lines)
 
@@ -104,9 +105,7 @@ def cluster_table(task: str, seeds: tuple[int, ...], split: str, batch: int = 1)
     if learned:
         for label, other in (("the best rule", ev.best_heuristic), ("random routes", RANDOM)):
             d = ev.versus(other)
-            lines.append(f"{learned} minus {label} ({other}): {d.difference.mean:+.1f} "
-                         f"[{d.difference.low:+.1f}, {d.difference.high:+.1f}] (wins {d.wins}, "
-                         f"ties {d.ties}, losses {d.losses})")
+            lines.append(f"{learned} minus {label} ({other}): {said(d)}")
     lines += batched(ev, batch, ev.best_heuristic if learned else None, "random routes")
     return "\n".join(lines)
 

@@ -62,7 +62,7 @@ class ClusterTask:
     episode_requests: int = 512
     splits: tuple[float, float] = (0.6, 0.7)
     test_windows: int = 5
-    validation_windows: int | None = None  # (Task.starts reads it: None is test_windows)
+    validation_windows: int | None = None  # (Task.window_count: None is test_windows)
     load_report_interval_s: float = 0.1
     references: tuple[str, ...] = RULES
     # the cluster's edge (cbgym.cluster.edge): clients that time out and retry; admission
@@ -78,6 +78,7 @@ class ClusterTask:
 
     # the same splits and windows as the single-instance tasks
     ranges = Task.ranges
+    window_count = Task.window_count
     starts = Task.starts
 
     @property

@@ -104,18 +104,24 @@ class Task:
         a, b = (int(num_requests * x) for x in self.splits)
         return {"train": (0, a), "validation": (a, b), "test": (b, num_requests)}
 
+    def window_count(self, split: str = "test") -> int:
+        """How many windows :meth:`starts` places on ``split`` by default:
+        ``validation_windows`` (else ``test_windows``) on validation, ``test_windows``
+        otherwise."""
+        if split == "validation" and self.validation_windows is not None:
+            return self.validation_windows
+        return self.test_windows
+
     def starts(self, num_requests: int, split: str = "test", count: int | None = None
                ) -> list[int]:
-        """``count`` evenly spaced window starts lying wholly inside ``split`` (by default
-        ``validation_windows`` on the validation range, ``test_windows`` otherwise)."""
+        """``count`` (default :meth:`window_count`) evenly spaced window starts lying wholly
+        inside ``split``."""
         lo, hi = self.ranges(num_requests)[split]
         last = hi - self.episode_requests
         if last < lo:
             raise ValueError(f"task {self.name!r}: the {split} range [{lo}, {hi}) cannot hold a "
                              f"{self.episode_requests}-request window")
-        n = count if count is not None else (
-            (self.validation_windows or self.test_windows) if split == "validation"
-            else self.test_windows)
+        n = self.window_count(split) if count is None else count
         if n < 1:
             raise ValueError(f"task {self.name!r}: count={count}: expected at least 1 window")
         return [int(x) for x in np.linspace(lo, last, n).round()]
