@@ -60,6 +60,15 @@ def batched(ev: Evaluation, batch: int, versus: str | None, random: str = "rando
 def table(task: str, seeds: tuple[int, ...], split: str, batch: int = 1) -> str:
     learned = f"learned:{task}" if task in shipped_names() else None
     ev = evaluate(task, learned or "fcfs", seeds=seeds, split=split)
+    return report(ev, len(seeds), split, batch)
+
+
+def report(ev: Evaluation, n_seeds: int, split: str, batch: int = 1, title: str = "") -> str:
+    """An evaluation as docs/benchmark.md shows it: the table, whether decisions matter, and
+    the learned policy (``ev.policy``, when it is one) against the best content-blind
+    heuristic and random actions."""
+    task = ev.task.name
+    learned = ev.policy if ev.policy.startswith("learned:") else None
     rows = ["| policy | goodput [95% CI] | SLO attainment | p99 TTFT (s) | score [95% CI] |",
             "|---|---|---|---|---|"]
     t = ev.table
@@ -69,7 +78,7 @@ def table(task: str, seeds: tuple[int, ...], split: str, batch: int = 1) -> str:
                     f"[{r.score_low:.2f}, {r.score_high:.2f}] |")
     best = ev.best_reference
     g = {k: v.mean() for k, v in ev.goodput.items()}
-    lines = [f"### {task} ({split}: {len(ev.starts)} windows x {len(seeds)} seeds)", "",
+    lines = [f"### {title or task} ({split}: {len(ev.starts)} windows x {n_seeds} seeds)", "",
              *rows, "",
              f"random actions / best reference ({best}): {g[RANDOM] / g[best]:.2f}; "
              f"FCFS normalized: {ev.score('fcfs').mean:.2f}"]

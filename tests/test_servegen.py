@@ -93,6 +93,14 @@ def test_tiers_go_round_the_clients_and_a_folder_loads_as_them(tmp_path: Path) -
         assert np.all(tr.slo_class[tr.tenant == tenant] == TIERS[tier][0])
     base = servegen_workload(tmp_path, 0, 3600, 4.0, seed=1)
     assert np.array_equal(base.arrival_s, tr.arrival_s)  # the same draws, tiers added
+    # a later span (the replication's days, which the task never drew): its own clock from 0
+    later = servegen_tenants(tmp_path, days=1800 / 86_400, rate_rps=4.0, seed=1,
+                             start_day=1800 / 86_400)
+    base = servegen_workload(tmp_path, 1800, 1800, 4.0, seed=1)
+    assert np.array_equal(base.arrival_s, later.arrival_s) and later.arrival_s.max() < 1800
+    assert later.name.endswith("@0.0208333d") and "@" not in tr.name  # the span is named
+    assert np.all(later.slo_class == np.array([TIERS[t][0] for t in TIER_CYCLE])[
+        later.tenant % 3])
     # a folder of client files loads as the tiered mix (three days at 1 request/s, seed 0):
     # clients active all three days this time
     days = tmp_path / "days"

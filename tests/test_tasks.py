@@ -172,6 +172,33 @@ def test_evaluate_scores_against_random_actions_and_the_best_reference() -> None
                          f"losses {b.losses})")
 
 
+def test_evaluate_plays_the_task_on_another_trace(monkeypatch: pytest.MonkeyPatch,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    from cbgym.tasks.evaluate import evaluate
+
+    # the task's own trace, given: the same evaluation
+    refs = ("fcfs", "cb-sjf-work-fit")
+    own = evaluate(SMALL, "sjf-ctx", references=refs, trace=load_trace(SMALL.trace))
+    assert own.table.equals(evaluate(SMALL, "sjf-ctx", references=refs).table)
+    # another trace (here the first 2,000 requests): the task's split rule on its length
+    other = load_trace(SMALL.trace).window(0, 2_000)
+    ev = evaluate(SMALL, "sjf-ctx", references=refs, trace=other)
+    assert ev.starts == SMALL.starts(2_000) != own.starts
+    assert not ev.table.equals(own.table)
+    days = load_script("benchmarks/bench_servegen_days.py")  # its summary line
+    line = days.summary(ev, "the first 2,000")
+    assert line.startswith("the first 2,000: random actions / best reference (cb-sjf-work-fit)")
+    assert "by window" in line and "sjf-ctx minus cb-sjf-work-fit" in line
+    d = ev.versus("cb-sjf-work-fit", 2)
+    assert days.summary(ev, "x", 2).endswith(f"{days.bench_tasks.said(d)} over means of 2")
+    monkeypatch.setattr("sys.argv", ["bench_servegen_days.py", "--start-days", "12"])
+    with pytest.raises(SystemExit):  # the CLI checks its span before drawing anything
+        days.main()
+    assert "--start-days 12: expected a day in [0, 11]" in capsys.readouterr().err
+    bench = load_script("benchmarks/bench_tasks.py")
+    assert bench.report(ev, 1, "test", title="x").startswith("### x (test: 4 windows x 1 seeds)")
+
+
 def test_validation_windows_are_the_validation_range_and_never_the_test_windows() -> None:
     from cbgym.tasks.evaluate import evaluate
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -30,6 +31,9 @@ from cbgym.tasks.scoring import (
     normalized_score,
     paired_difference,
 )
+
+if TYPE_CHECKING:
+    from cbgym.workload.trace import Trace
 
 __all__ = ["REFERENCES", "Evaluation", "evaluate", "play_windows"]
 
@@ -103,7 +107,8 @@ class Evaluation:
 
 
 def evaluate(task: str | Task, policy: str, references: tuple[str, ...] | None = None,
-             seeds: tuple[int, ...] = (0,), split: str = "test") -> Evaluation:
+             seeds: tuple[int, ...] = (0,), split: str = "test",
+             trace: Trace | None = None) -> Evaluation:
     """Score ``policy`` (a spec: ``cbgym.agents.POLICIES``, ``learned:PATH``) on the task.
 
     Every seed replays every test window (seeding randomised policies and random actions);
@@ -111,7 +116,9 @@ def evaluate(task: str | Task, policy: str, references: tuple[str, ...] | None =
     :data:`REFERENCES` and the task's own (``Task.references``). ``split="validation"``
     replays the validation range's windows instead (``Task.validation_windows``, by default
     as many as the test's), at the test load: what task design and tuning use, so that the
-    test windows stay unseen."""
+    test windows stay unseen. ``trace``: play the task on another trace (its capacity
+    measured as the task's, the task's split rule applied to it), e.g. later days of a drawn
+    trace that the task never saw (``benchmarks/bench_servegen_days.py``)."""
     if not seeds:
         raise ValueError("evaluate: give at least one seed")
     from cbgym.capacity import measure_capacity
@@ -120,7 +127,8 @@ def evaluate(task: str | Task, policy: str, references: tuple[str, ...] | None =
     t = task if isinstance(task, Task) else get(task)
     if references is None:
         references = (*REFERENCES, *t.references)
-    trace = load_trace(t.trace)
+    if trace is None:
+        trace = load_trace(t.trace)
     if split not in ("test", "validation"):
         raise ValueError(f"evaluate: split={split!r}: expected 'test' or 'validation'")
     engine = t.engine_config()

@@ -213,16 +213,23 @@ TIER_CYCLE = ("interactive", "standard", "batch")
 # each window's clock to its load, so only the pattern and the mix carry over)
 SERVEGEN_DAYS = 3
 SERVEGEN_RATE_RPS = 1.0
+# how many days the language clients' descriptions cover (2,016 windows of 600 s each)
+SERVEGEN_DESCRIBED_DAYS = 14
 
 
 def servegen_tenants(folder: str | Path, days: float = SERVEGEN_DAYS,
-                     rate_rps: float = SERVEGEN_RATE_RPS, seed: int = 0) -> Trace:
-    """:func:`servegen_workload` over the first ``days`` days, each client a tenant in an SLO
-    tier (:data:`cbgym.workload.tenants.TIERS`): client i (in sorted id order, as its tenant
-    id) is in ``TIER_CYCLE[i % 3]``. Tenant ids and tiers go by every client with both files,
-    active in the span or not, so a client's tier does not depend on the span."""
-    trace = servegen_workload(folder, 0.0, days * 86_400.0, rate_rps, seed=seed)
+                     rate_rps: float = SERVEGEN_RATE_RPS, seed: int = 0,
+                     start_day: float = 0.0) -> Trace:
+    """:func:`servegen_workload` over ``days`` days from day ``start_day`` (by default the
+    first three: the task ``tenants-servegen``'s trace; later spans are data the task never
+    saw), each client a tenant in an SLO tier (:data:`cbgym.workload.tenants.TIERS`): client i
+    (in sorted id order, as its tenant id) is in ``TIER_CYCLE[i % 3]``. Tenant ids and tiers
+    go by every client with both files, active in the span or not, so a client's tier does
+    not depend on the span."""
+    trace = servegen_workload(folder, start_day * 86_400.0, days * 86_400.0, rate_rps,
+                              seed=seed)
     tier_class = np.array([TIERS[t][0] for t in TIER_CYCLE], np.int16)
     return Trace.from_arrays(trace.arrival_s, trace.prompt_tokens, trace.output_tokens,
                              tenant=trace.tenant, slo_class=tier_class[trace.tenant % 3],
-                             name=f"servegen-tiers:{Path(folder).name}", rebase=False)
+                             name=f"servegen-tiers:{Path(folder).name}"
+                             + (f"@{start_day:g}d" if start_day else ""), rebase=False)
