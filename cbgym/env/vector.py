@@ -278,6 +278,10 @@ class SchedulingVectorEnv(VectorEnv):
         """Copy the actions into the kernel's buffer: (N, layout size) scores (their ranges are
         checked by the kernel)."""
         size = self.proto.layout.size
+        if type(actions) is np.ndarray and actions.shape == (self.num_envs, size) \
+                and actions.dtype.kind == "f":  # the usual case: one cast into the buffer
+            self.acts.scores[:] = actions
+            return
         try:
             a = np.asarray(actions, dtype=np.float64)
         except (TypeError, ValueError) as exc:

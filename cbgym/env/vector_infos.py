@@ -49,9 +49,10 @@ def batch_infos(out: vo.Out, mask: np.ndarray, action_mask: np.ndarray | None = 
             masks[:, stop] = 1
         infos["action_mask"], infos["_action_mask"] = masks, m
         infos["invalid_action"], infos["_invalid_action"] = ii[vo.I_INVALID] != 0, m
-    if ii[vo.I_STUCK].any():  # (rare: the mask is built only then)
+    # (rare: the mask is built only then; count_nonzero is a fifth of ndarray.any's cost)
+    if np.count_nonzero(ii[vo.I_STUCK]):
         stuck = (ii[vo.I_STUCK] != 0) & m
-        if stuck.any():
+        if np.count_nonzero(stuck):
             reason = np.full(len(m), None, dtype=object)
             reason[stuck] = "idle_hold_limit"
             infos["truncated_reason"], infos["_truncated_reason"] = reason, stuck
