@@ -25,7 +25,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from cbgym.tasks import get
-from cbgym.tasks.evaluate import RANDOM, Evaluation, evaluate
+from cbgym.tasks.evaluate import Evaluation, evaluate
 from cbgym.workload.catalog import find_trace
 from cbgym.workload.servegen import SERVEGEN_DAYS, SERVEGEN_DESCRIBED_DAYS, servegen_tenants
 
@@ -57,10 +57,10 @@ def summary(ev: Evaluation, label: str, batch: int = 1) -> str:
     """One line: random actions' share of the best reference, FCFS normalized, and the
     evaluated policy minus the best content-blind heuristic (over means of ``batch``
     neighbouring windows, else by window)."""
-    g = {k: v.mean() for k, v in ev.goodput.items()}
-    best, bar = ev.best_reference, ev.best_heuristic
+    bar = ev.best_heuristic
     over = f"over means of {batch}" if batch > 1 else "by window"
-    return (f"{label}: random actions / best reference ({best}) {g[RANDOM] / g[best]:.3f}; "
+    return (f"{label}: random actions / best reference ({ev.best_reference}) "
+            f"{ev.random_share:.3f}; "
             f"FCFS normalized {ev.score('fcfs').mean:.2f}; {ev.policy} minus {bar} "
             f"{bench_tasks.said(ev.versus(bar, batch))} {over}")
 

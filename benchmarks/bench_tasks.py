@@ -76,11 +76,9 @@ def report(ev: Evaluation, n_seeds: int, split: str, batch: int = 1, title: str 
         rows.append(f"| {name} | {r.goodput:.1f} [{r.goodput_low:.1f}, {r.goodput_high:.1f}] "
                     f"| {r.slo_attainment:.3f} | {r.ttft_p99_s:.1f} | {r.score:.2f} "
                     f"[{r.score_low:.2f}, {r.score_high:.2f}] |")
-    best = ev.best_reference
-    g = {k: v.mean() for k, v in ev.goodput.items()}
     lines = [f"### {title or task} ({split}: {len(ev.starts)} windows x {n_seeds} seeds)", "",
              *rows, "",
-             f"random actions / best reference ({best}): {g[RANDOM] / g[best]:.2f}; "
+             f"random actions / best reference ({ev.best_reference}): {ev.random_share:.2f}; "
              f"FCFS normalized: {ev.score('fcfs').mean:.2f}"]
     if learned:
         for label, other in (("the best content-blind heuristic", ev.best_heuristic),
@@ -109,7 +107,7 @@ def cluster_table(task: str, seeds: tuple[int, ...], split: str, batch: int = 1)
     worst = min((k for k in g if k not in (RANDOM, ev.policy)), key=g.get)
     lines = [f"### {task} ({split}: {len(ev.starts)} windows x {len(seeds)} seeds)", "",
              *rows, "",
-             f"random routes / best reference ({best}): {g[RANDOM] / g[best]:.2f}; worst rule "
+             f"random routes / best reference ({best}): {ev.random_share:.2f}; worst rule "
              f"({worst}) normalized: {ev.score(worst).mean:.2f}"]
     if learned:
         for label, other in (("the best rule", ev.best_heuristic), ("random routes", RANDOM)):

@@ -142,6 +142,8 @@ def test_evaluate_scores_against_random_actions_and_the_best_reference() -> None
     one = evaluate(SMALL, "sjf-ctx", references=("fcfs",), seeds=(0,))
     np.testing.assert_array_equal(one.goodput["fcfs"], ev.goodput["fcfs"])  # deterministic
     assert table.loc[ev.best_reference, "score"] == pytest.approx(1.0)
+    assert ev.random_share == pytest.approx(ev.goodput[RANDOM].mean()
+                                            / ev.goodput[ev.best_reference].mean())
     assert table.loc[RANDOM, "score"] == 0.0
     assert table.loc["sjf-ctx", "diff_vs"] == 0.0 and table.loc["sjf-ctx", "ties"] == 4
     assert (table["slo_attainment"].between(0, 1)).all()

@@ -72,6 +72,12 @@ class Evaluation:
             raise ValueError("evaluate: no content-blind reference was run")
         return max(refs, key=lambda p: self.goodput[p].mean())
 
+    @property
+    def random_share(self) -> float:
+        """Random actions' mean goodput over the best reference's: whether decisions matter
+        on the task (docs/benchmark.md asks for at most 0.8)."""
+        return float(self.goodput[RANDOM].mean() / self.goodput[self.best_reference].mean())
+
     def versus(self, baseline: str, batch: int = 1) -> PairedDifference:
         """The evaluated policy minus ``baseline``, per window; with ``batch`` > 1 over the
         means of ``batch`` neighbouring windows (:func:`~cbgym.tasks.scoring.batch_means`:
